@@ -1,0 +1,78 @@
+# Every target builds what it needs; environments are cached under .venv/ and .cache/ (git-ignored).
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+MORI_PY := scripts/mori-python
+SGLANG_PY := .cache/venvs/sglang/bin/python
+EXAMPLE ?= examples/deepseek-r1-mi355x.yaml
+
+.PHONY: help venv demo test lint test-unit test-mori test-sglang test-e2e test-chart \
+        mori-env sglang-env chart-tools bench-l3 bench-host-pool bench-plan bench-sglang \
+        bench-reconcile render-chart crd clean
+
+help:
+	@echo "make demo   - plan an example SGLangHiCache CR and show what the operator would create"
+	@echo "make test   - lint + every test tier (unit, mori, sglang, e2e, chart); builds the environments"
+
+$(VENV)/.installed: pyproject.toml scripts/bootstrap-venv.sh
+	bash scripts/bootstrap-venv.sh $(VENV)
+	@touch $@
+
+venv: $(VENV)/.installed
+
+demo: venv
+	$(PY) -m hicache_operator plan -f $(EXAMPLE) -o summary
+
+lint: venv
+	$(VENV)/bin/ruff check backend operator tests bench scripts
+	$(VENV)/bin/mypy backend/hicache_umbp operator/hicache_operator
+
+test: lint test-unit test-mori test-sglang test-e2e test-chart
+
+test-unit: venv
+	bash scripts/pytest-tier.sh unit $(PY)
+
+mori-env:
+	bash scripts/build-mori-env.sh
+
+test-mori: mori-env
+	bash scripts/pytest-tier.sh mori $(MORI_PY)
+
+sglang-env:
+	bash scripts/build-sglang-env.sh
+
+test-sglang: sglang-env
+	bash scripts/pytest-tier.sh sglang $(SGLANG_PY)
+
+test-e2e: venv
+	bash scripts/pytest-tier.sh e2e $(PY)
+
+chart-tools: venv
+	bash scripts/build-chart-tools.sh
+
+test-chart: chart-tools
+	bash scripts/pytest-tier.sh chart $(PY)
+
+render-chart: chart-tools
+	@bash scripts/render-chart.sh
+
+crd: venv
+	$(PY) -m hicache_operator crd -o charts/sglang-hicache-operator/crds/sglanghicaches.yaml
+
+bench-l3: mori-env
+	$(MORI_PY) bench/l3_store.py
+
+bench-host-pool: mori-env
+	$(MORI_PY) bench/host_pool.py
+
+bench-plan: venv
+	$(PY) bench/plan.py
+
+bench-sglang: sglang-env
+	$(SGLANG_PY) bench/sglang_backend.py
+
+bench-reconcile: venv
+	$(PY) bench/reconcile.py
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache

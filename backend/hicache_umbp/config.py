@@ -1,0 +1,658 @@
+"""The env contract between the operator, the launcher and the UMBP store: one table, one parser.
+
+Every variable the pod reads is declared once in :data:`SETTINGS`: its extra-config key, its
+environment variable, its type, default, the modes it applies to and what it means. The operator
+imports this module to render env (never retyping a name), the launcher and the store import it to
+read it back.
+
+Sources, highest precedence first:
+
+1. the explicit extra-config dict (SGLang's ``--hicache-storage-backend-extra-config`` JSON, or a
+   dict handed to :func:`load_store_config`);
+2. environment variables (``HICACHE_*``);
+3. the defaults below.
+
+Parsing is strict, because a silent misread costs a production pod:
+
+* booleans accept ``true/false``, ``1/0``, ``yes/no``, ``on/off`` (any case) and nothing else;
+  ``"false"`` is never true;
+* integers and byte sizes are plain base-10 integers. ``"10Gi"`` is rejected: mori parses sizes
+  with ``std::stoull``, which would read it as 10 bytes;
+* enums list their allowed values in the error;
+* per-rank values are a list (JSON) or a comma-separated string with exactly one entry per local
+  rank, or a scalar that applies to every rank; ports given as a scalar auto-increment per rank;
+* unknown keys and unknown ``HICACHE_*`` variables are errors naming the closest valid key;
+* keys that only apply to another mode (e.g. ``socket_dir`` outside standalone) are errors.
+
+Every problem found is reported at once in one :class:`ConfigError` (a ``ValueError``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+ENV_PREFIX = "HICACHE_"
+
+MODES = ("embedded", "standalone", "distributed")
+ALL_MODES = frozenset(MODES)
+
+KIB = 1024
+MIB = 1024 * KIB
+GIB = 1024 * MIB
+HUGEPAGE_SIZES = {"none": 0, "2Mi": 2 * MIB, "1Gi": GIB}
+HUGEPAGE_BYTES_ALLOWED = tuple(sorted(HUGEPAGE_SIZES.values()))
+
+Kind = Literal["bool", "int", "bytes", "float", "str", "enum", "rank_int", "rank_bytes", "rank_port"]
+
+# Keys SGLang itself writes into or reads from the extra-config of a storage backend. They are
+# accepted (and ignored by the store) so the same JSON can be handed to SGLang and to us.
+SGLANG_EXTRA_CONFIG_KEYS = frozenset(
+    {
+        "backend_name",
+        "module_path",
+        "class_name",
+        "interface_v1",
+        "prefetch_threshold",
+        "prefetch_timeout_base",
+        "prefetch_timeout_per_ki_token",
+        "hicache_storage_pass_prefix_keys",
+    }
+)
+
+
+class ConfigError(ValueError):
+    """All problems found in one configuration, each naming its key or variable."""
+
+    def __init__(self, problems: Iterable[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("invalid HiCache UMBP configuration:\n  - " + "\n  - ".join(self.problems))
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One configuration entry: extra-config ``key`` and environment variable ``env``."""
+
+    key: str
+    env: str
+    kind: Kind
+    default: Any
+    doc: str
+    modes: frozenset[str] = ALL_MODES
+    choices: tuple[Any, ...] = ()
+    minimum: float | None = None
+    maximum: float | None = None
+    scope: Literal["store", "launch"] = "store"
+
+
+def _s(key: str, kind: Kind, default: Any, doc: str, **kw: Any) -> Setting:
+    return Setting(key=key, env=ENV_PREFIX + key.upper(), kind=kind, default=default, doc=doc, **kw)
+
+
+_EMB = frozenset({"embedded"})
+_STA = frozenset({"standalone"})
+_DIS = frozenset({"distributed"})
+
+SETTINGS: tuple[Setting, ...] = (
+    # --- identity and layout -------------------------------------------------------------------
+    _s("umbp_mode", "enum", "embedded", "Where the L3 store runs: embedded (in the SGLang "
+       "process), standalone (umbp_standalone_server sidecars, one per medium, over a UNIX "
+       "socket; the cache survives engine restarts) or distributed (needs an RDMA NIC).",
+       choices=MODES),
+    _s("umbp_namespace", "str", "", "Key namespace shared by every pod of one deployment "
+       "(the operator sets <namespace>/<name>); two deployments sharing a store never collide."),
+    _s("umbp_model_id", "str", "", "Model identity in keys; empty means SGLang's model name."),
+    _s("umbp_local_ranks", "int", 1, "Ranks (SGLang TP/DP workers) in this pod; per-rank lists "
+       "must have exactly this many entries.", minimum=1, maximum=64),
+    # --- DRAM tier (embedded) ------------------------------------------------------------------
+    _s("umbp_dram_bytes", "rank_bytes", 0, "UMBP DRAM tier capacity per rank in bytes "
+       "(0 disables the DRAM tier).", modes=_EMB, minimum=0),
+    _s("umbp_dram_numa", "rank_int", -1, "NUMA node per rank for the UMBP DRAM tier "
+       "(-1: no binding).", modes=_EMB, minimum=-1),
+    _s("umbp_dram_hugepage_bytes", "enum", 0, "Hugepage size backing the UMBP DRAM tier "
+       "(0: 4 KiB pages).", modes=_EMB, choices=HUGEPAGE_BYTES_ALLOWED),
+    _s("umbp_dram_prefault", "bool", True, "Touch the UMBP DRAM tier at start so the first "
+       "requests do not pay page faults.", modes=_EMB),
+    # --- SSD tier ------------------------------------------------------------------------------
+    _s("umbp_ssd_enabled", "bool", False, "Put an SSD tier behind (or instead of) DRAM."),
+    _s("umbp_ssd_dir", "str", "", "SSD mount; rank i stores under <dir>/rank-<i>.",
+       modes=_EMB),
+    _s("umbp_ssd_bytes", "rank_bytes", 0, "SSD tier capacity per rank in bytes.",
+       modes=_EMB, minimum=0),
+    _s("umbp_ssd_io_backend", "enum", "io_uring", "SSD I/O engine.", modes=_EMB,
+       choices=("io_uring", "posix")),
+    _s("umbp_ssd_durability", "enum", "relaxed", "relaxed: page cache may hold recent writes; "
+       "strict: every batch is durable before it is acknowledged.", modes=_EMB,
+       choices=("relaxed", "strict")),
+    # --- composition of DRAM in front of SSD -----------------------------------------------------
+    _s("umbp_tier_write_policy", "enum", "write_back", "How pages written to DRAM reach the SSD "
+       "tier: write_back (background copy through a bounded queue) or write_through (the set "
+       "returns after both tiers hold the page).", choices=("write_back", "write_through")),
+    _s("umbp_tier_queue_pages", "int", 4096, "Bound of the DRAM-to-SSD write-back queue in "
+       "pages; a full queue falls back to a synchronous SSD write.", minimum=1),
+    _s("umbp_promote_on_hit", "bool", True, "Copy pages read from SSD into DRAM."),
+    # --- standalone ----------------------------------------------------------------------------
+    _s("umbp_socket_dir", "str", "/var/run/umbp", "Directory holding the standalone servers' "
+       "UNIX sockets (dram.sock, ssd.sock), shared with the sidecars.", modes=_STA),
+    _s("umbp_standalone_wait_s", "float", 120.0, "How long to wait for the sidecar sockets.",
+       modes=_STA, minimum=0),
+    # --- distributed ---------------------------------------------------------------------------
+    _s("umbp_master_address", "str", "", "host:port of umbp_master.", modes=_DIS),
+    _s("umbp_peer_port", "rank_port", 18500, "Peer service port; a scalar auto-increments per "
+       "rank.", modes=_DIS, minimum=1, maximum=65535),
+    _s("umbp_rdma_devices", "str", "", "RDMA devices to use (comma list; empty: discover).",
+       modes=_DIS),
+    # --- logging -------------------------------------------------------------------------------
+    _s("umbp_log_interval_s", "float", 30.0, "At most one warning per failure kind per interval "
+       "on the data path.", minimum=0),
+    # --- host (L2) pool allocator --------------------------------------------------------------
+    _s("host_hugepage_bytes", "enum", 2 * MIB, "Hugepage size of SGLang's host KV pool "
+       "(0: 4 KiB pages).", choices=HUGEPAGE_BYTES_ALLOWED),
+    _s("host_numa", "rank_int", -1, "NUMA node per rank for the host KV pool (-1: none).",
+       minimum=-1),
+    _s("host_prefault", "bool", True, "Prefault the host pool before serving."),
+    _s("host_prefault_threads", "int", 0, "Threads touching the host pool (0: one per CPU "
+       "of the pod).", minimum=0, maximum=1024),
+    _s("host_allow_4k_fallback", "bool", False, "Start on 4 KiB pages when hugepages are short "
+       "(logged and reported) instead of failing."),
+    # --- launcher (env only: read by `python -m hicache_umbp.launch`) --------------------------
+    _s("model_path", "str", "", "Model path or id passed to SGLang --model-path.", scope="launch"),
+    _s("tp_size", "int", 1, "SGLang --tp-size.", minimum=1, scope="launch"),
+    _s("dp_size", "int", 1, "SGLang --dp-size.", minimum=1, scope="launch"),
+    _s("enable_dp_attention", "bool", False, "SGLang --enable-dp-attention; the launcher then "
+       "sets SGLANG_DP_RANK/SGLANG_DP_SIZE.", scope="launch"),
+    _s("page_size", "int", 64, "SGLang --page-size (tokens per KV page).", minimum=1,
+       scope="launch"),
+    _s("port", "int", 30000, "SGLang HTTP port.", minimum=1, maximum=65535, scope="launch"),
+    _s("mem_layout", "enum", "page_first", "SGLang --hicache-mem-layout (UMBP needs page-first "
+       "layouts).", choices=("page_first", "page_first_direct"), scope="launch"),
+    _s("write_policy", "enum", "write_back", "SGLang --hicache-write-policy.",
+       choices=("write_back", "write_through", "write_through_selective"), scope="launch"),
+    _s("io_backend", "enum", "kernel", "SGLang --hicache-io-backend.",
+       choices=("kernel", "direct"), scope="launch"),
+    _s("host_pool_bytes", "rank_bytes", 0, "Host KV pool per rank in bytes (rendered to "
+       "--hicache-size); 0 uses host_pool_ratio.", minimum=0, scope="launch"),
+    _s("host_pool_ratio", "float", 2.0, "SGLang --hicache-ratio when host_pool_bytes is 0.",
+       minimum=1.0, scope="launch"),
+    _s("numa_policy", "enum", "auto", "auto: bind each rank's host pool and UMBP DRAM to its "
+       "GPU's NUMA node; none: no binding.", choices=("auto", "none"), scope="launch"),
+    _s("ssd_allow_posix_fallback", "bool", False, "Use posix I/O when io_uring is unavailable "
+       "instead of failing.", scope="launch"),
+    _s("extra_args", "str", "[]", "JSON list of extra SGLang arguments (operator-owned flags "
+       "are rejected before they get here).", scope="launch"),
+    _s("report_path", "str", "/var/run/hicache/launch-report.json", "Where the launcher writes "
+       "what it resolved.", scope="launch"),
+)
+
+BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
+BY_ENV: dict[str, Setting] = {s.env: s for s in SETTINGS}
+STORE_KEYS = frozenset(s.key for s in SETTINGS if s.scope == "store")
+
+# Sizes rendered for mori's own UMBP_* variables (the standalone server reads them).
+Medium = Literal["dram", "ssd"]
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Resolved store configuration for one pod; per-rank fields hold one entry per local rank."""
+
+    umbp_mode: str
+    umbp_namespace: str
+    umbp_model_id: str
+    umbp_local_ranks: int
+    umbp_dram_bytes: tuple[int, ...]
+    umbp_dram_numa: tuple[int, ...]
+    umbp_dram_hugepage_bytes: int
+    umbp_dram_prefault: bool
+    umbp_ssd_enabled: bool
+    umbp_ssd_dir: str
+    umbp_ssd_bytes: tuple[int, ...]
+    umbp_ssd_io_backend: str
+    umbp_ssd_durability: str
+    umbp_tier_write_policy: str
+    umbp_tier_queue_pages: int
+    umbp_promote_on_hit: bool
+    umbp_socket_dir: str
+    umbp_standalone_wait_s: float
+    umbp_master_address: str
+    umbp_peer_port: tuple[int, ...]
+    umbp_rdma_devices: str
+    umbp_log_interval_s: float
+    host_hugepage_bytes: int
+    host_numa: tuple[int, ...]
+    host_prefault: bool
+    host_prefault_threads: int
+    host_allow_4k_fallback: bool
+    sources: dict[str, str] = field(default_factory=dict, compare=False)
+
+    def rank(self, local_rank: int) -> RankConfig:
+        """The scalar view one rank's store uses."""
+        if not 0 <= local_rank < self.umbp_local_ranks:
+            raise ConfigError(
+                [f"local rank {local_rank} is outside 0..{self.umbp_local_ranks - 1} "
+                 f"(umbp_local_ranks={self.umbp_local_ranks})"]
+            )
+        r = local_rank
+        ssd_dir = os.path.join(self.umbp_ssd_dir, f"rank-{r}") if self.umbp_ssd_dir else ""
+        return RankConfig(
+            config=self,
+            local_rank=r,
+            dram_bytes=self.umbp_dram_bytes[r],
+            dram_numa=self.umbp_dram_numa[r],
+            ssd_dir=ssd_dir,
+            ssd_bytes=self.umbp_ssd_bytes[r],
+            peer_port=self.umbp_peer_port[r],
+            host_numa=self.host_numa[r],
+        )
+
+
+@dataclass(frozen=True)
+class RankConfig:
+    config: StoreConfig
+    local_rank: int
+    dram_bytes: int
+    dram_numa: int
+    ssd_dir: str
+    ssd_bytes: int
+    peer_port: int
+    host_numa: int
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """The launcher's view: the store config plus the engine intent the operator passed."""
+
+    store: StoreConfig
+    model_path: str
+    tp_size: int
+    dp_size: int
+    enable_dp_attention: bool
+    page_size: int
+    port: int
+    mem_layout: str
+    write_policy: str
+    io_backend: str
+    host_pool_bytes: tuple[int, ...]
+    host_pool_ratio: float
+    numa_policy: str
+    ssd_allow_posix_fallback: bool
+    extra_args: tuple[str, ...]
+    report_path: str
+
+
+# ----------------------------------------------------------------------------- value parsers
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def parse_bool(name: str, value: Any) -> bool:
+    """Strict boolean: true/false, 1/0, yes/no, on/off (any case) or a real bool."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        v = value.strip().lower()
+        if v in _TRUE:
+            return True
+        if v in _FALSE:
+            return False
+    raise ValueError(f"{name}={value!r} is not a boolean; use one of true/false, 1/0, yes/no, on/off")
+
+
+def parse_int(name: str, value: Any, *, unit: str = "") -> int:
+    """A plain base-10 integer (``bytes`` units reject suffixes such as Gi that mori misreads)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name}={value!r} is a boolean, not an integer")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        v = value.strip()
+        if v.lstrip("-").isdigit() and v.isascii():
+            return int(v)
+        if unit == "bytes":
+            raise ValueError(
+                f"{name}={value!r} is not a plain byte count; write the number of bytes "
+                f"(e.g. 10737418240 for 10Gi): mori parses sizes with std::stoull, which would "
+                f"read {value!r} as {_stoull_prefix(v)} bytes"
+            )
+    raise ValueError(f"{name}={value!r} is not an integer")
+
+
+def _stoull_prefix(v: str) -> int:
+    digits = ""
+    for ch in v:
+        if not ch.isdigit():
+            break
+        digits += ch
+    return int(digits) if digits else 0
+
+
+def parse_float(name: str, value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"{name}={value!r} is a boolean, not a number")
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            f = float(value.strip())
+        except ValueError:
+            pass
+        else:
+            if f == f and f not in (float("inf"), float("-inf")):
+                return f
+    raise ValueError(f"{name}={value!r} is not a number")
+
+
+def _split_list(value: Any) -> list[Any] | None:
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    if isinstance(value, str) and "," in value:
+        return [p.strip() for p in value.split(",")]
+    return None
+
+
+def parse_per_rank(
+    name: str, value: Any, ranks: int, *, unit: str = "", increment: bool = False
+) -> tuple[int, ...]:
+    """One integer per rank: a list, a comma-separated string, or a scalar for every rank.
+
+    A scalar port auto-increments: ``18500`` for 4 ranks means 18500, 18501, 18502, 18503.
+    """
+    items = _split_list(value)
+    if items is None:
+        base = parse_int(name, value, unit=unit)
+        return tuple(base + i if increment else base for i in range(ranks))
+    if len(items) != ranks:
+        which = "shorter" if len(items) < ranks else "longer"
+        raise ValueError(
+            f"{name} has {len(items)} entries, {which} than the {ranks} local ranks "
+            f"(umbp_local_ranks): give exactly one value per rank or a single value"
+        )
+    return tuple(parse_int(f"{name}[{i}]", v, unit=unit) for i, v in enumerate(items))
+
+
+def closest(name: str, candidates: Iterable[str]) -> str:
+    match = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.5)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def _check_range(s: Setting, label: str, value: float) -> None:
+    if s.minimum is not None and value < s.minimum:
+        raise ValueError(f"{label}={value!r} is below the minimum {s.minimum:g}")
+    if s.maximum is not None and value > s.maximum:
+        raise ValueError(f"{label}={value!r} is above the maximum {s.maximum:g}")
+
+
+def parse_value(s: Setting, label: str, raw: Any, ranks: int) -> Any:
+    """Parse one raw value of setting ``s``; ``label`` names it in errors (key or env var)."""
+    if s.kind == "bool":
+        return parse_bool(label, raw)
+    if s.kind in ("int", "bytes"):
+        v = parse_int(label, raw, unit=s.kind)
+        _check_range(s, label, v)
+        return v
+    if s.kind == "float":
+        f = parse_float(label, raw)
+        _check_range(s, label, f)
+        return f
+    if s.kind == "str":
+        if not isinstance(raw, str):
+            raise ValueError(f"{label}={raw!r} must be a string")
+        return raw
+    if s.kind == "enum":
+        return _parse_enum(s, label, raw)
+    unit = "bytes" if s.kind == "rank_bytes" else ""
+    values = parse_per_rank(label, raw, ranks, unit=unit, increment=s.kind == "rank_port")
+    for i, v in enumerate(values):
+        _check_range(s, f"{label}[{i}]", v)
+    return values
+
+
+def _parse_enum(s: Setting, label: str, raw: Any) -> Any:
+    allowed = ", ".join(str(c) for c in s.choices)
+    if all(isinstance(c, int) for c in s.choices):
+        try:
+            v: Any = parse_int(label, raw, unit="bytes")
+        except ValueError as e:
+            raise ValueError(f"{e}; allowed values: {allowed}") from None
+    else:
+        v = raw.strip() if isinstance(raw, str) else raw
+    if v not in s.choices:
+        raise ValueError(f"{label}={raw!r} is not allowed; allowed values: {allowed}")
+    return v
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def _gather(
+    extra: Mapping[str, Any] | None,
+    env: Mapping[str, str] | None,
+    scopes: frozenset[str],
+    problems: list[str],
+) -> dict[str, tuple[str, Any]]:
+    """Raw values by key with the label of the source that won (extra-config over env)."""
+    raw: dict[str, tuple[str, Any]] = {}
+    for name, value in (env or {}).items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        s = BY_ENV.get(name)
+        if s is None:
+            problems.append(f"unknown variable {name}{closest(name, BY_ENV)}")
+        elif s.scope in scopes:
+            raw[s.key] = (name, value)
+    for key, value in (extra or {}).items():
+        if key in SGLANG_EXTRA_CONFIG_KEYS:
+            continue
+        s = BY_KEY.get(key)
+        if s is None or s.scope not in scopes:
+            valid = [k for k, v in BY_KEY.items() if v.scope in scopes]
+            problems.append(f"unknown extra-config key {key!r}{closest(key, valid)}")
+        else:
+            raw[key] = (f"extra-config {key!r}", value)
+    return raw
+
+
+def _resolve(
+    raw: dict[str, tuple[str, Any]], scopes: frozenset[str], problems: list[str]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    ranks_setting = BY_KEY["umbp_local_ranks"]
+    ranks = ranks_setting.default
+    if "umbp_local_ranks" in raw:
+        label, v = raw["umbp_local_ranks"]
+        try:
+            ranks = parse_value(ranks_setting, label, v, 1)
+        except ValueError as e:
+            problems.append(str(e))
+    mode = BY_KEY["umbp_mode"].default
+    if "umbp_mode" in raw:
+        label, v = raw["umbp_mode"]
+        try:
+            mode = parse_value(BY_KEY["umbp_mode"], label, v, 1)
+        except ValueError as e:
+            problems.append(str(e))
+    for s in SETTINGS:
+        if s.scope not in scopes:
+            continue
+        if s.key in raw:
+            label, v = raw[s.key]
+            if mode not in s.modes:
+                problems.append(
+                    f"{label} only applies in umbp_mode {'/'.join(sorted(s.modes))}, "
+                    f"not {mode!r}; remove it"
+                )
+                v = s.default
+                label = "default"
+            sources[s.key] = label
+        else:
+            label, v = "default", s.default
+            sources[s.key] = "default"
+        try:
+            values[s.key] = parse_value(s, label if label != "default" else s.key, v, ranks)
+        except ValueError as e:
+            problems.append(str(e))
+    values["umbp_local_ranks"] = ranks
+    values["umbp_mode"] = mode
+    return values, sources
+
+
+def _store_rules(v: dict[str, Any], problems: list[str]) -> None:
+    mode = v.get("umbp_mode")
+    if mode == "embedded" and v.get("umbp_ssd_enabled"):
+        if not v.get("umbp_ssd_dir"):
+            problems.append("umbp_ssd_enabled is true but umbp_ssd_dir is empty")
+        if any(b <= 0 for b in v.get("umbp_ssd_bytes", (1,))):
+            problems.append("umbp_ssd_enabled is true but umbp_ssd_bytes is 0 for some rank")
+    if mode == "embedded" and not v.get("umbp_ssd_enabled"):
+        if any(b <= 0 for b in v.get("umbp_dram_bytes", (1,))):
+            problems.append(
+                "embedded mode has no tier: set umbp_dram_bytes > 0 for every rank or enable "
+                "the SSD tier (umbp_ssd_enabled, umbp_ssd_dir, umbp_ssd_bytes)"
+            )
+    if mode == "distributed" and not v.get("umbp_master_address"):
+        problems.append("umbp_mode distributed needs umbp_master_address (host:port of umbp_master)")
+
+
+def load_store_config(
+    extra: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
+) -> StoreConfig:
+    """Build the store configuration (extra-config over env over defaults).
+
+    ``env`` defaults to ``os.environ``; pass ``{}`` to ignore the environment. Variables of the
+    launcher scope are known (not "unknown") but not part of the store configuration.
+    """
+    env = os.environ if env is None else env
+    problems: list[str] = []
+    raw = _gather(extra, env, frozenset({"store"}), problems)
+    values, sources = _resolve(raw, frozenset({"store"}), problems)
+    if not problems:
+        _store_rules(values, problems)
+    if problems:
+        raise ConfigError(problems)
+    return StoreConfig(**values, sources=sources)
+
+
+def load_launch_config(env: Mapping[str, str] | None = None) -> LaunchConfig:
+    """The launcher reads everything from the environment (the operator renders it)."""
+    env = os.environ if env is None else env
+    problems: list[str] = []
+    raw = _gather(None, env, frozenset({"store", "launch"}), problems)
+    values, sources = _resolve(raw, frozenset({"store", "launch"}), problems)
+    extra_args: tuple[str, ...] = ()
+    if "extra_args" in values:
+        try:
+            parsed = json.loads(values["extra_args"])
+            if not isinstance(parsed, list) or not all(isinstance(a, str) for a in parsed):
+                raise ValueError
+            extra_args = tuple(parsed)
+        except ValueError:
+            problems.append(
+                f"{BY_KEY['extra_args'].env}={values['extra_args']!r} must be a JSON list of strings"
+            )
+    if not problems:
+        _store_rules(values, problems)
+    if problems:
+        raise ConfigError(problems)
+    store_values = {k: v for k, v in values.items() if k in STORE_KEYS}
+    launch_values = {k: v for k, v in values.items() if k not in STORE_KEYS}
+    launch_values["extra_args"] = extra_args
+    store = StoreConfig(**store_values, sources={k: sources[k] for k in STORE_KEYS})
+    return LaunchConfig(store=store, **launch_values)
+
+
+# ----------------------------------------------------------------------------- rendering
+
+
+def render_value(s: Setting, value: Any) -> str:
+    """The string form of ``value`` that :func:`parse_value` reads back (plain integers)."""
+    if s.kind == "bool":
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(int(v)) for v in value)
+    if s.kind == "float":
+        return repr(float(value))
+    return str(value)
+
+
+def render_env(values: Mapping[str, Any]) -> dict[str, str]:
+    """Environment variables for the given keys, validated by parsing them back.
+
+    The operator uses this so that what it renders is exactly what the pod will accept; a value
+    the pod would reject raises :class:`ConfigError` here, at plan time.
+    """
+    problems: list[str] = []
+    out: dict[str, str] = {}
+    for key, value in values.items():
+        s = BY_KEY.get(key)
+        if s is None:
+            problems.append(f"unknown key {key!r}{closest(key, BY_KEY)}")
+            continue
+        out[s.env] = render_value(s, value)
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+def standalone_server_env(
+    medium: Medium,
+    *,
+    capacity_bytes: int,
+    ssd_dir: str = "",
+    io_backend: str = "io_uring",
+    durability: str = "relaxed",
+    hugepage_bytes: int = 0,
+    numa_node: int = -1,
+) -> dict[str, str]:
+    """mori's own ``UMBP_*`` variables for one ``umbp_standalone_server`` (one medium each).
+
+    mori reads sizes with ``std::stoull``: they are rendered as plain byte integers.
+    """
+    if capacity_bytes <= 0:
+        raise ConfigError([f"standalone {medium} server needs a capacity > 0 bytes"])
+    if medium == "dram":
+        env = {
+            "UMBP_DRAM_CAPACITY": str(int(capacity_bytes)),
+            "UMBP_SSD_ENABLED": "0",
+        }
+        if hugepage_bytes:
+            env["UMBP_DRAM_USE_HUGEPAGES"] = "1"
+            env["UMBP_DRAM_HUGEPAGE_SIZE"] = str(int(hugepage_bytes))
+        if numa_node >= 0:
+            env["UMBP_DRAM_NUMA_NODE"] = str(int(numa_node))
+        return env
+    if not ssd_dir:
+        raise ConfigError(["standalone ssd server needs ssd_dir"])
+    return {
+        "UMBP_SSD_ENABLED": "1",
+        "UMBP_SSD_DIR": ssd_dir,
+        "UMBP_SSD_CAPACITY": str(int(capacity_bytes)),
+        "UMBP_SSD_BACKEND": "io_uring" if io_backend == "io_uring" else "posix",
+        "UMBP_SSD_DURABILITY": durability,
+    }
+
+
+def describe() -> list[dict[str, Any]]:
+    """The contract as data (for docs and ``make demo``)."""
+    return [
+        {
+            "key": s.key,
+            "env": s.env,
+            "kind": s.kind,
+            "default": s.default,
+            "modes": sorted(s.modes),
+            "choices": list(s.choices),
+            "scope": s.scope,
+            "doc": s.doc,
+        }
+        for s in SETTINGS
+    ]

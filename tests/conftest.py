@@ -1,0 +1,39 @@
+"""Test tiers.
+
+A tier is a pytest marker. Tests that need a heavy environment live in files named
+``test_*_<tier>.py`` for the tiers with their own interpreter (``mori``: Python 3.10 venv with the
+real amd-mori; ``sglang``: Python 3.11 venv with real SGLang 0.5.23 and CPU torch). Those files set
+``pytestmark`` themselves. Running ``-m mori`` or ``-m sglang`` collects only such files (the other
+test modules import packages those venvs do not carry); every other run skips them. Tests without a
+tier marker are ``unit``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+VENV_TIERS = ("mori", "sglang")
+TIERS = ("unit", "mori", "sglang", "e2e", "chart")
+
+
+def _selected_venv_tier(config: pytest.Config) -> str | None:
+    expr = (config.getoption("markexpr") or "").strip()
+    return expr if expr in VENV_TIERS else None
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if collection_path.is_dir() or not collection_path.name.startswith("test_"):
+        return None
+    stem = collection_path.stem
+    file_tier = next((t for t in VENV_TIERS if stem.endswith(f"_{t}")), None)
+    if file_tier != _selected_venv_tier(config):
+        return True
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if not any(item.get_closest_marker(t) for t in TIERS):
+            item.add_marker(pytest.mark.unit)
