@@ -1,0 +1,87 @@
+"""The launcher's command line against real SGLang 0.5.23 (CPU venv, ``make test-sglang``).
+
+Real: SGLang's own server-args parser (``prepare_server_args``), its ``StorageBackendFactory``
+importing ``hicache_umbp.sglang_adapter`` from the rendered extra-config, and the adapter's
+config resolution. Faked: the node (a fake sysfs tree) and the UMBP client under the adapter
+(the in-process double :class:`hicache_umbp.memory_client.MemoryUMBPClient`, validated against
+real mori by the ``mori`` tier), because mori has no wheel for this venv's Python 3.11.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hicache_umbp import sglang_adapter
+from hicache_umbp.config import RankConfig
+from hicache_umbp.launch import NodeRoot, plan_launch
+from hicache_umbp.launch import command as launch_command
+from hicache_umbp.memory_client import MemoryUMBPClient
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+from sglang.srt.server_args import prepare_server_args
+
+from .conftest import io_uring_ok, launch_env
+from .fakenode import GIB, FakeNode
+
+pytestmark = pytest.mark.sglang
+
+
+def _server_args(node: FakeNode, **env: Any) -> tuple[Any, list[str]]:
+    plan = plan_launch(launch_env(**env), NodeRoot(node.root), io_uring_probe=io_uring_ok)
+    argv = list(plan.command.argv)
+    assert argv[1:3] == ["-m", "hicache_umbp.serve"]
+    return prepare_server_args(argv[3:]), argv
+
+
+def test_constants_match_the_adapter() -> None:
+    assert launch_command.ADAPTER_MODULE == sglang_adapter.MODULE_PATH
+    assert launch_command.ADAPTER_CLASS == sglang_adapter.CLASS_NAME
+    assert launch_command.BACKEND_NAME == sglang_adapter.BACKEND_NAME
+
+
+def test_command_parses_with_sglangs_own_parser(mi355x: FakeNode) -> None:
+    args, _ = _server_args(mi355x, extra_args=json.dumps(["--mem-fraction-static", "0.85"]))
+    assert args.model_path == "deepseek-ai/DeepSeek-R1"
+    assert (args.host, args.port, args.tp_size, args.page_size) == ("0.0.0.0", 30000, 8, 64)
+    assert args.enable_hierarchical_cache is True
+    assert args.hicache_size == 214 and args.hicache_ratio is None
+    assert args.hicache_mem_layout == "page_first"
+    assert args.hicache_write_policy == "write_back"
+    assert args.hicache_io_backend == "kernel"
+    assert args.hicache_storage_backend == "dynamic"
+    assert args.mem_fraction_static == 0.85
+    extra = json.loads(args.hicache_storage_backend_extra_config)
+    assert extra["interface_v1"] == 1
+    assert extra["host_numa"] == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_dp_attention_and_ratio_parse(mi355x: FakeNode) -> None:
+    args, _ = _server_args(mi355x, dp_size=8, enable_dp_attention=True, host_pool_bytes=0,
+                           host_pool_ratio=1.5)
+    assert args.attn_dp_size == 8 and args.dp_size == 1
+    assert args.hicache_ratio == 1.5 and args.hicache_size == 0
+
+
+def test_extra_config_builds_our_backend_through_the_factory(mi355x: FakeNode) -> None:
+    args, _ = _server_args(mi355x)
+    extra = json.loads(args.hicache_storage_backend_extra_config)
+    opened: list[RankConfig] = []
+
+    def opener(rank: RankConfig) -> MemoryUMBPClient:
+        opened.append(rank)
+        return MemoryUMBPClient(rank.dram_bytes)
+
+    storage_config = HiCacheStorageConfig(
+        tp_rank=5, tp_size=8, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+        is_mla_model=True, enable_storage_metrics=False, is_page_first_layout=True,
+        model_name=args.model_path, extra_config=extra)
+    with sglang_adapter.use_client_opener(opener):
+        backend = StorageBackendFactory.create_backend("dynamic", storage_config, None)
+    assert type(backend).__name__ == "UMBPHiCacheStorage"
+    assert backend.interface_v1 is True
+    rank = opened[0]
+    assert rank.local_rank == 5
+    assert (rank.host_numa, rank.dram_numa, rank.dram_bytes) == (1, 1, 64 * GIB)
+    assert backend.config.umbp_namespace == "team-a/r1"
