@@ -1,14 +1,65 @@
-"""What the store needs from a UMBP client: the subset of ``mori.umbp.UMBPClient`` it calls.
+"""UMBP clients: what the store needs from one (:class:`UMBPClientLike`) and how to build real ones.
 
 The real client (``mori.umbp.UMBPClient``) and the in-process double
 (:mod:`hicache_umbp.memory_client`) both satisfy :class:`UMBPClientLike`; the double is trusted
-only because it passes the same contract suite as the real mori (tests/backend).
+only because it passes the same contract suite as the real mori (tests/backend/contract.py).
+
+mori is imported lazily inside the factories: the operator imports this package without mori.
+
+What amd-mori 1.2.4 really does (measured on CPU with scripts/mori-python; pinned by
+tests/backend/test_client_contract_mori.py):
+
+* **Embedded DRAM** is ``UMBPConfig()`` with ``dram.capacity_bytes`` and ``ssd.enabled=False``.
+  ``get_deployment_mode()`` reports ``Distributed`` even so (1.2.4 runs its local path through
+  the pool client). Eviction: after a put call, when used >= 0.9 x capacity, LRU keys are
+  evicted down to 0.7 x capacity; inside one batch nothing is evicted, so a batch larger than
+  the free space partly fails. Recently read keys are protected by a read lease.
+* **Embedded SSD.** ``UMBPConfig()`` with only ``ssd.*`` set keeps pages in DRAM and never
+  writes the SSD directory (the "local mode ignores SSD" trap). What works is the *SSD node*
+  configuration: ``config.distributed = UMBPDistributedConfig()`` with ``medium = SSD`` and no
+  master address; pages then land in ``<storage_dir>/segment_<n>.log`` and are read back from
+  there. A put batch goes through ``ssd_staging_buffer_slots`` staging slots (16 by default)
+  of ``dram_page_size`` bytes each (64 KiB by default!): one batch stores at most
+  ``slots x dram_page_size`` bytes, the rest fail. We set ``dram_page_size`` to the largest
+  value size and keep batches <= ``slots`` keys.
+* **Standalone**: ``umbp_standalone_server unix:<path>`` (started under the trixie loader, see
+  :func:`mori_loader_prefix`) serves one medium configured by ``UMBP_*`` env
+  (:func:`hicache_umbp.config.standalone_server_env`); a client sets
+  ``standalone_process.address``. Only registered, memfd-backed buffers work
+  (``UMBPHostBufferBacking.AnonymousShm``): a put from unregistered memory returns False.
+  An SSD server refuses to start with ``UMBP_DRAM_CAPACITY`` 0 and stages puts in that DRAM,
+  so it gets ``slots x value_bytes`` of it.
+* **Distributed** needs ``umbp_master`` and an RDMA NIC: refused with a clear error when
+  ``/sys/class/infiniband`` is empty, and not implemented by this backend otherwise.
+* Everywhere: gets need the exact stored size; keys are write-once (a re-put returns True and
+  keeps the old bytes); a key repeated inside one batch fails the second time; mismatched list
+  lengths fail every entry; ``clear()`` makes later puts fail.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+import os
+import shlex
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from .config import ConfigError, Medium
+
+if TYPE_CHECKING:
+    from .config import RankConfig
+
+MIB = 1024 * 1024
+#: Staging slots of the SSD path per put batch (mori's default ``ssd_staging_buffer_slots``).
+SSD_STAGING_SLOTS = 16
+#: Largest value (one key's bytes) the SSD path accepts unless told otherwise: one staging slot.
+SSD_VALUE_BYTES_DEFAULT = 8 * MIB
+#: Env var holding the command prefix (trixie loader + --library-path) that mori binaries need
+#: on hosts older than glibc 2.38; set by scripts/mori-python, empty in the engine image.
+LOADER_ENV = "MORI_CPU_LOADER"
+INFINIBAND_SYSFS = "/sys/class/infiniband"
 
 
 @runtime_checkable
@@ -30,3 +81,296 @@ class UMBPClientLike(Protocol):
     def deregister_memory(self, ptr: int) -> None: ...
 
     def flush(self) -> bool: ...
+
+
+class MoriUnavailableError(RuntimeError):
+    """``mori.umbp`` cannot be imported here (not the engine image / mori venv)."""
+
+
+class DistributedModeUnavailableError(RuntimeError):
+    """``umbp_mode=distributed`` was asked for where it cannot run."""
+
+
+class StandaloneServerUnavailableError(RuntimeError):
+    """The standalone server's socket did not appear, or the client could not connect."""
+
+
+@dataclass
+class OpenedClient:
+    """A client plus what the store must respect when calling it."""
+
+    client: UMBPClientLike
+    medium: Medium
+    mode: str
+    #: Most keys one batch call may carry (None: no limit); the SSD path has 16 staging slots.
+    max_batch_keys: int | None
+    #: Largest single value in bytes (None: no limit below capacity).
+    max_value_bytes: int | None
+    description: str
+    _on_close: list[Callable[[], None]] = field(default_factory=list, repr=False)
+    _closed: bool = field(default=False, repr=False)
+
+    def close(self) -> None:
+        """Flush and run the close hooks once; later calls do nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.client.flush()
+        finally:
+            for hook in self._on_close:
+                hook()
+
+
+def import_umbp() -> Any:
+    try:
+        from mori import umbp  # lazy: mori is optional for every importer of this module
+    except ImportError as exc:  # pragma: no cover - depends on the interpreter
+        raise MoriUnavailableError(
+            "mori.umbp is not importable in this interpreter: run the store inside the engine "
+            "image, or in tests through scripts/mori-python (make mori-env)"
+        ) from exc
+    return umbp
+
+
+def mori_loader_prefix() -> list[str]:
+    """Command prefix for mori binaries: ``$MORI_CPU_LOADER`` split, or ``[]``."""
+    return shlex.split(os.environ.get(LOADER_ENV, ""))
+
+
+def standalone_server_binary() -> str:
+    """Path of ``umbp_standalone_server`` shipped inside the amd-mori wheel."""
+    env_bin = os.environ.get("UMBP_STANDALONE_BIN", "")
+    if env_bin:
+        return env_bin
+    umbp = import_umbp()
+    path = Path(umbp.__file__).resolve().parents[1] / "umbp_standalone_server"
+    if not path.is_file():
+        raise MoriUnavailableError(f"umbp_standalone_server not found at {path}")
+    return str(path)
+
+
+def rdma_devices(sysfs: str = INFINIBAND_SYSFS) -> list[str]:
+    """RDMA devices the kernel exposes (``/sys/class/infiniband``), sorted."""
+    try:
+        return sorted(os.listdir(sysfs))
+    except OSError:
+        return []
+
+
+def require_distributed(sysfs: str = INFINIBAND_SYSFS) -> None:
+    """Refuse distributed mode with the reason: no RDMA NIC, or not implemented yet."""
+    devices = rdma_devices(sysfs)
+    if not devices:
+        raise DistributedModeUnavailableError(
+            f"umbp_mode=distributed needs an RDMA NIC for mori's transfer engine, but "
+            f"{sysfs} lists no device on this host; use umbp_mode=embedded or standalone"
+        )
+    raise DistributedModeUnavailableError(
+        f"umbp_mode=distributed (RDMA devices {', '.join(devices)}) is not supported by this "
+        "backend yet; use umbp_mode=embedded or standalone"
+    )
+
+
+def configured_media(rank: RankConfig) -> tuple[Medium, ...]:
+    """The L3 media one rank uses, DRAM first.
+
+    embedded: DRAM when ``umbp_dram_bytes`` > 0, SSD when ``umbp_ssd_enabled``.
+    standalone: the DRAM server always, the SSD server when ``umbp_ssd_enabled``.
+    """
+    cfg = rank.config
+    if cfg.umbp_mode == "distributed":
+        require_distributed()
+    media: list[Medium] = []
+    if cfg.umbp_mode == "standalone" or rank.dram_bytes > 0:
+        media.append("dram")
+    if cfg.umbp_ssd_enabled:
+        media.append("ssd")
+    if not media:
+        raise ConfigError(
+            [f"rank {rank.local_rank}: no L3 tier configured: set umbp_dram_bytes > 0 or "
+             "umbp_ssd_enabled=true"]
+        )
+    return tuple(media)
+
+
+def standalone_socket_path(socket_dir: str, medium: Medium) -> str:
+    """``<umbp_socket_dir>/<medium>.sock``: one server per medium, shared by the pod's ranks."""
+    return os.path.join(socket_dir, f"{medium}.sock")
+
+
+def make_client(
+    rank: RankConfig, medium: Medium, *, ssd_value_bytes: int = SSD_VALUE_BYTES_DEFAULT
+) -> OpenedClient:
+    """The real mori client for one rank and one medium, as the configuration asks.
+
+    ``ssd_value_bytes`` is the largest value the SSD path must take (one page part); it sizes
+    the SSD staging slots (embedded SSD only; a standalone SSD server is sized by its env).
+    """
+    cfg = rank.config
+    if medium not in ("dram", "ssd"):
+        raise ValueError(f"medium must be 'dram' or 'ssd', got {medium!r}")
+    if cfg.umbp_mode == "distributed":
+        require_distributed()
+    if cfg.umbp_mode == "standalone":
+        return make_standalone_client(
+            standalone_socket_path(cfg.umbp_socket_dir, medium),
+            medium,
+            wait_s=cfg.umbp_standalone_wait_s,
+        )
+    if medium == "dram":
+        if rank.dram_bytes <= 0:
+            raise ConfigError([f"rank {rank.local_rank}: embedded DRAM tier needs "
+                               f"umbp_dram_bytes > 0, got {rank.dram_bytes}"])
+        return make_embedded_dram_client(
+            rank.dram_bytes,
+            numa_node=rank.dram_numa,
+            hugepage_bytes=cfg.umbp_dram_hugepage_bytes,
+            prefault=cfg.umbp_dram_prefault,
+        )
+    problems = []
+    if not cfg.umbp_ssd_enabled:
+        problems.append("umbp_ssd_enabled is false")
+    if not rank.ssd_dir:
+        problems.append("umbp_ssd_dir is empty")
+    if rank.ssd_bytes <= 0:
+        problems.append(f"umbp_ssd_bytes must be > 0, got {rank.ssd_bytes}")
+    if problems:
+        raise ConfigError([f"rank {rank.local_rank}: embedded SSD tier: {p}" for p in problems])
+    return make_embedded_ssd_client(
+        rank.ssd_dir,
+        rank.ssd_bytes,
+        io_backend=cfg.umbp_ssd_io_backend,
+        durability=cfg.umbp_ssd_durability,
+        max_value_bytes=ssd_value_bytes,
+    )
+
+
+def make_embedded_dram_client(
+    capacity_bytes: int,
+    *,
+    numa_node: int = -1,
+    hugepage_bytes: int = 0,
+    prefault: bool = True,
+) -> OpenedClient:
+    """An in-process mori DRAM pool of ``capacity_bytes`` (SSD explicitly off)."""
+    if capacity_bytes <= 0:
+        raise ValueError(f"capacity_bytes must be > 0, got {capacity_bytes}")
+    umbp = import_umbp()
+    config = umbp.UMBPConfig()
+    config.dram.capacity_bytes = int(capacity_bytes)
+    config.dram.prefault = bool(prefault)
+    config.dram.use_hugepages = hugepage_bytes > 0
+    if hugepage_bytes > 0:
+        config.dram.hugepage_size = int(hugepage_bytes)
+    if numa_node >= 0:
+        config.dram.numa_nodes = [int(numa_node)]
+    config.ssd.enabled = False
+    return OpenedClient(
+        client=umbp.UMBPClient(config),
+        medium="dram",
+        mode="embedded",
+        max_batch_keys=None,
+        max_value_bytes=None,
+        description=f"embedded mori DRAM {capacity_bytes} B (numa {numa_node}, "
+        f"hugepage {hugepage_bytes or '4 KiB'})",
+    )
+
+
+def make_embedded_ssd_client(
+    ssd_dir: str,
+    capacity_bytes: int,
+    *,
+    io_backend: str = "io_uring",
+    durability: str = "relaxed",
+    staging_slots: int = SSD_STAGING_SLOTS,
+    max_value_bytes: int = SSD_VALUE_BYTES_DEFAULT,
+) -> OpenedClient:
+    """An in-process mori SSD node writing segment logs under ``ssd_dir`` (no DRAM tier).
+
+    Uses the SSD node configuration (``distributed.medium = SSD``, no master): the only
+    embedded configuration of 1.2.4 that really writes pages to the SSD directory.
+    """
+    if capacity_bytes <= 0:
+        raise ValueError(f"capacity_bytes must be > 0, got {capacity_bytes}")
+    if io_backend not in ("io_uring", "posix"):
+        raise ValueError(f"io_backend must be 'io_uring' or 'posix', got {io_backend!r}")
+    if durability not in ("relaxed", "strict"):
+        raise ValueError(f"durability must be 'relaxed' or 'strict', got {durability!r}")
+    if staging_slots < 1 or max_value_bytes < 1:
+        raise ValueError("staging_slots and max_value_bytes must be >= 1")
+    umbp = import_umbp()
+    os.makedirs(ssd_dir, exist_ok=True)
+    config = umbp.UMBPConfig()
+    config.dram.capacity_bytes = 0
+    config.ssd.enabled = True
+    config.ssd.storage_dir = ssd_dir
+    config.ssd.capacity_bytes = int(capacity_bytes)
+    config.ssd.io.backend = (
+        umbp.UMBPIoBackend.IoUring if io_backend == "io_uring" else umbp.UMBPIoBackend.Posix
+    )
+    modes = umbp.UMBPDurabilityMode
+    config.ssd.durability.mode = modes.Strict if durability == "strict" else modes.Relaxed
+    node = umbp.UMBPDistributedConfig()
+    node.medium = umbp.UMBPMedium.SSD
+    node.dram_page_size = int(max_value_bytes)
+    node.ssd_staging_buffer_slots = int(staging_slots)
+    node.ssd_staging_buffer_size = int(staging_slots) * int(max_value_bytes)
+    config.distributed = node
+    return OpenedClient(
+        client=umbp.UMBPClient(config),
+        medium="ssd",
+        mode="embedded",
+        max_batch_keys=staging_slots,
+        max_value_bytes=max_value_bytes,
+        description=f"embedded mori SSD node {capacity_bytes} B at {ssd_dir} ({io_backend}, "
+        f"{durability}, {staging_slots} x {max_value_bytes} B staging)",
+    )
+
+
+def make_standalone_client(
+    socket_path: str,
+    medium: Medium,
+    *,
+    wait_s: float = 120.0,
+    poll_s: float = 0.05,
+    max_batch_keys: int | None = None,
+) -> OpenedClient:
+    """A client of the ``umbp_standalone_server`` listening on ``unix:<socket_path>``.
+
+    Waits up to ``wait_s`` for the socket to appear (the sidecar may start after the engine).
+    Buffers given to it must be registered and memfd-backed (see :mod:`hicache_umbp.allocator`).
+    ``max_batch_keys`` defaults to the SSD staging slots for ``medium == "ssd"``.
+    """
+    deadline = time.monotonic() + max(0.0, wait_s)
+    while not os.path.exists(socket_path):
+        if time.monotonic() >= deadline:
+            raise StandaloneServerUnavailableError(
+                f"standalone UMBP {medium} server socket {socket_path} did not appear within "
+                f"{wait_s:g} s (umbp_standalone_wait_s); is the umbp-{medium} sidecar running "
+                "and is umbp_socket_dir shared with it?"
+            )
+        time.sleep(poll_s)
+    umbp = import_umbp()
+    config = umbp.UMBPConfig()
+    proc = umbp.UMBPStandaloneProcessConfig()
+    proc.address = f"unix:{socket_path}"
+    proc.auto_start = False
+    proc.startup_timeout_ms = max(1000, int(max(0.0, deadline - time.monotonic()) * 1000))
+    config.standalone_process = proc
+    try:
+        client = umbp.UMBPClient(config)
+    except Exception as exc:
+        raise StandaloneServerUnavailableError(
+            f"cannot connect to the standalone UMBP {medium} server at unix:{socket_path}: {exc}"
+        ) from exc
+    if max_batch_keys is None and medium == "ssd":
+        max_batch_keys = SSD_STAGING_SLOTS
+    return OpenedClient(
+        client=client,
+        medium=medium,
+        mode="standalone",
+        max_batch_keys=max_batch_keys,
+        max_value_bytes=None,
+        description=f"standalone mori {medium} server at unix:{socket_path}",
+    )

@@ -47,10 +47,17 @@ GIB = 1024 * MIB
 HUGEPAGE_SIZES = {"none": 0, "2Mi": 2 * MIB, "1Gi": GIB}
 HUGEPAGE_BYTES_ALLOWED = tuple(sorted(HUGEPAGE_SIZES.values()))
 
-Kind = Literal["bool", "int", "bytes", "float", "str", "enum", "rank_int", "rank_bytes", "rank_port"]
+Kind = Literal[
+    "bool", "int", "bytes", "float", "str", "enum", "rank_int", "rank_bytes", "rank_port"
+]
 
 # Keys SGLang itself writes into or reads from the extra-config of a storage backend. They are
 # accepted (and ignored by the store) so the same JSON can be handed to SGLang and to us.
+# Verified against SGLang 0.5.23: StorageBackendFactory._create_dynamic_backend (backend_name,
+# module_path, class_name), HiCacheController.attach_storage_backend (interface_v1) and
+# _generate_storage_config (tp_lcm_size), HybridCacheController.parse_storage_backend_extra_config
+# (the prefetch_* and pass-prefix keys), pool_host.common.get_allocator_type (allocator) and
+# UnifiedRadixCache (file_storage_path, injected from --file-storage-path).
 SGLANG_EXTRA_CONFIG_KEYS = frozenset(
     {
         "backend_name",
@@ -61,6 +68,9 @@ SGLANG_EXTRA_CONFIG_KEYS = frozenset(
         "prefetch_timeout_base",
         "prefetch_timeout_per_ki_token",
         "hicache_storage_pass_prefix_keys",
+        "tp_lcm_size",
+        "allocator",
+        "file_storage_path",
     }
 )
 
@@ -302,7 +312,9 @@ def parse_bool(name: str, value: Any) -> bool:
             return True
         if v in _FALSE:
             return False
-    raise ValueError(f"{name}={value!r} is not a boolean; use one of true/false, 1/0, yes/no, on/off")
+    raise ValueError(
+        f"{name}={value!r} is not a boolean; use one of true/false, 1/0, yes/no, on/off"
+    )
 
 
 def parse_int(name: str, value: Any, *, unit: str = "") -> int:
@@ -513,14 +525,16 @@ def _store_rules(v: dict[str, Any], problems: list[str]) -> None:
             problems.append("umbp_ssd_enabled is true but umbp_ssd_dir is empty")
         if any(b <= 0 for b in v.get("umbp_ssd_bytes", (1,))):
             problems.append("umbp_ssd_enabled is true but umbp_ssd_bytes is 0 for some rank")
-    if mode == "embedded" and not v.get("umbp_ssd_enabled"):
-        if any(b <= 0 for b in v.get("umbp_dram_bytes", (1,))):
-            problems.append(
-                "embedded mode has no tier: set umbp_dram_bytes > 0 for every rank or enable "
-                "the SSD tier (umbp_ssd_enabled, umbp_ssd_dir, umbp_ssd_bytes)"
-            )
+    no_dram = any(b <= 0 for b in v.get("umbp_dram_bytes", (1,)))
+    if mode == "embedded" and not v.get("umbp_ssd_enabled") and no_dram:
+        problems.append(
+            "embedded mode has no tier: set umbp_dram_bytes > 0 for every rank or enable "
+            "the SSD tier (umbp_ssd_enabled, umbp_ssd_dir, umbp_ssd_bytes)"
+        )
     if mode == "distributed" and not v.get("umbp_master_address"):
-        problems.append("umbp_mode distributed needs umbp_master_address (host:port of umbp_master)")
+        problems.append(
+            "umbp_mode distributed needs umbp_master_address (host:port of umbp_master)"
+        )
 
 
 def load_store_config(
@@ -556,9 +570,8 @@ def load_launch_config(env: Mapping[str, str] | None = None) -> LaunchConfig:
                 raise ValueError
             extra_args = tuple(parsed)
         except ValueError:
-            problems.append(
-                f"{BY_KEY['extra_args'].env}={values['extra_args']!r} must be a JSON list of strings"
-            )
+            env_name = BY_KEY["extra_args"].env
+            problems.append(f"{env_name}={values['extra_args']!r} must be a JSON list of strings")
     if not problems:
         _store_rules(values, problems)
     if problems:
@@ -612,15 +625,26 @@ def standalone_server_env(
     durability: str = "relaxed",
     hugepage_bytes: int = 0,
     numa_node: int = -1,
+    value_bytes: int = 8 * MIB,
+    staging_slots: int = 16,
 ) -> dict[str, str]:
     """mori's own ``UMBP_*`` variables for one ``umbp_standalone_server`` (one medium each).
 
     mori reads sizes with ``std::stoull``: they are rendered as plain byte integers.
+    ``UMBP_ROLE`` is pinned: unset, mori derives it from ``LOCAL_RANK`` (non-zero: follower).
+    An SSD server is an SSD *node* (``UMBP_DISTRIBUTED_MEDIUM=SSD``): it stages each put batch
+    in ``staging_slots`` slots of ``UMBP_DISTRIBUTED_DRAM_PAGE_SIZE`` bytes carved from its DRAM
+    pool, so ``value_bytes`` must cover the largest page part and the DRAM pool is sized to the
+    staging (mori refuses a 0-byte pool). ``UMBP_SSD_BACKEND`` is the store kind (``file``); the
+    1.2.4 server reads no variable for the I/O engine: it uses io_uring and falls back to posix
+    by itself, so ``io_backend="posix"`` cannot be honoured and is rejected.
+    Measured on amd-mori 1.2.4 (tests/backend/test_client_contract_mori.py).
     """
     if capacity_bytes <= 0:
         raise ConfigError([f"standalone {medium} server needs a capacity > 0 bytes"])
     if medium == "dram":
         env = {
+            "UMBP_ROLE": "standalone",
             "UMBP_DRAM_CAPACITY": str(int(capacity_bytes)),
             "UMBP_SSD_ENABLED": "0",
         }
@@ -630,14 +654,33 @@ def standalone_server_env(
         if numa_node >= 0:
             env["UMBP_DRAM_NUMA_NODE"] = str(int(numa_node))
         return env
+    problems = []
     if not ssd_dir:
-        raise ConfigError(["standalone ssd server needs ssd_dir"])
+        problems.append("standalone ssd server needs ssd_dir")
+    if io_backend != "io_uring":
+        problems.append(
+            f"standalone ssd server: io_backend={io_backend!r} cannot be set (mori 1.2.4 reads "
+            "no env for it; it uses io_uring and falls back to posix itself); use io_uring"
+        )
+    if durability not in ("relaxed", "strict"):
+        problems.append(f"durability={durability!r}; allowed: relaxed, strict")
+    if value_bytes <= 0 or staging_slots <= 0:
+        problems.append("value_bytes and staging_slots must be > 0")
+    if problems:
+        raise ConfigError(problems)
+    staging = int(value_bytes) * int(staging_slots)
     return {
+        "UMBP_ROLE": "standalone",
         "UMBP_SSD_ENABLED": "1",
         "UMBP_SSD_DIR": ssd_dir,
         "UMBP_SSD_CAPACITY": str(int(capacity_bytes)),
-        "UMBP_SSD_BACKEND": "io_uring" if io_backend == "io_uring" else "posix",
+        "UMBP_SSD_BACKEND": "file",
         "UMBP_SSD_DURABILITY": durability,
+        "UMBP_DISTRIBUTED_MEDIUM": "SSD",
+        "UMBP_DISTRIBUTED_DRAM_PAGE_SIZE": str(int(value_bytes)),
+        "UMBP_DISTRIBUTED_SSD_STAGING_BUFFER_SLOTS": str(int(staging_slots)),
+        "UMBP_DISTRIBUTED_SSD_STAGING_BUFFER_SIZE": str(staging),
+        "UMBP_DRAM_CAPACITY": str(staging),
     }
 
 
