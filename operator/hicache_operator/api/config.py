@@ -1,0 +1,154 @@
+"""Operator configuration: default images, the admin policy and the assumed node facts.
+
+The Helm chart renders this as a YAML/JSON file and points ``SGLANG_HICACHE_OPERATOR_CONFIG`` at
+it (not ``HICACHE_*``: that prefix is the pod's env contract). :func:`operator_config_schema` is the
+JSON schema the chart's ``values.schema.json`` reuses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError
+
+from .quantity import parse_bytes
+from .types import GPU_MODEL_NAMES, ApiModel, GpuModelName, Quantity, Toleration
+
+CONFIG_ENV = "SGLANG_HICACHE_OPERATOR_CONFIG"
+
+
+class OperatorConfigError(ValueError):
+    """The operator configuration file is unreadable or invalid."""
+
+
+class AdminPolicy(ApiModel):
+    """What a namespace user may obtain through an SGLangHiCache (allow-lists, deny by default)."""
+
+    allowed_host_path_prefixes: list[str] = Field(
+        default_factory=list,
+        description="Host paths a CR may mount (SSD tier or model "
+        "volume) must lie under one of these absolute prefixes; empty forbids hostPath.",
+    )
+    allow_privileged: bool = Field(default=False, description="Allow privileged engine containers.")
+    allow_host_ipc: bool = Field(default=False, alias="allowHostIPC", description="Allow hostIPC.")
+    allow_host_network: bool = Field(default=False, description="Allow hostNetwork.")
+    allowed_capabilities: list[str] = Field(
+        default_factory=lambda: ["IPC_LOCK"],
+        description="Capabilities the engine may get; "
+        "IPC_LOCK (pinned host memory) is granted by default when listed.",
+    )
+    max_hugepages_per_pod: Quantity = Field(
+        default="2Ti", description="Upper bound of hugepages (all sizes) one pod may request."
+    )
+    allowed_gpu_models: list[GpuModelName] = Field(
+        default_factory=lambda: list(GPU_MODEL_NAMES), description="GPU models CRs may target."
+    )
+
+    @property
+    def max_hugepages_bytes(self) -> int:
+        return parse_bytes(self.max_hugepages_per_pod, field="policy.maxHugepagesPerPod")
+
+
+class NodeFacts(ApiModel):
+    """The node the planner assumes when none is known (defaults: an MI355X node)."""
+
+    gpu_model: GpuModelName = Field(default="MI355X", description="GPU model of the node.")
+    gpus_per_node: int = Field(default=8, ge=1, le=64, description="GPUs per node.")
+    numa_nodes: int = Field(
+        default=2, ge=1, le=16, description="NUMA nodes (NPS1: one per socket)."
+    )
+    gpus_per_numa_node: int = Field(
+        default=4, ge=1, le=64, description="GPUs attached to each NUMA node."
+    )
+    gpu_numa: list[int] | None = Field(
+        default=None, description="NUMA node of GPU i (overrides the even split)."
+    )
+    cpus: int = Field(default=256, ge=1, description="Allocatable CPUs per node.")
+    memory: Quantity = Field(
+        default="3Ti", description="Allocatable memory per node, hugepages included."
+    )
+
+    @property
+    def memory_bytes(self) -> int:
+        return parse_bytes(self.memory, field="nodeFacts.memory")
+
+    def numa_of_gpu(self, gpu: int) -> int:
+        if self.gpu_numa is not None and gpu < len(self.gpu_numa):
+            return self.gpu_numa[gpu]
+        return min(gpu // self.gpus_per_numa_node, self.numa_nodes - 1)
+
+
+class OperatorConfig(ApiModel):
+    """Operator-wide settings (chart values)."""
+
+    default_image: str = Field(
+        default="ghcr.io/sglang-hicache/engine:0.1.0",
+        min_length=1,
+        description="Engine image (ROCm SGLang + amd-mori + backend) for CRs without spec.image.",
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        default="IfNotPresent", description="Default image pull policy."
+    )
+    policy: AdminPolicy = Field(default_factory=AdminPolicy, description="Admin policy.")
+    node_facts: NodeFacts = Field(default_factory=NodeFacts, description="Assumed node.")
+    gpu_resource_name: str = Field(default="amd.com/gpu", description="Extended resource of a GPU.")
+    gpu_tolerations: list[Toleration] = Field(
+        default_factory=lambda: [
+            Toleration(key="amd.com/gpu", operator="Exists", effect="NoSchedule")
+        ],
+        description="Tolerations added to every engine pod (GPU node taints).",
+    )
+    watch_namespaces: list[str] = Field(
+        default_factory=list, description="Namespaces to watch; empty watches all."
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="INFO", description="Operator log level."
+    )
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], *, source: str = "config") -> OperatorConfig:
+        try:
+            return cls.model_validate(dict(data))
+        except ValidationError as e:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
+                for err in e.errors()
+            )
+            raise OperatorConfigError(
+                f"{source}: invalid operator configuration: {problems}"
+            ) from None
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> OperatorConfig:
+        """Load a YAML or JSON file (JSON is YAML); an empty file means all defaults."""
+        p = Path(path)
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise OperatorConfigError(f"{p}: cannot read operator configuration: {e}") from None
+        if not isinstance(data, dict):
+            raise OperatorConfigError(f"{p}: operator configuration must be a mapping")
+        return cls.from_mapping(data, source=str(p))
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
+        """The file named by ``SGLANG_HICACHE_OPERATOR_CONFIG``, or defaults when unset."""
+        env = os.environ if env is None else env
+        path = env.get(CONFIG_ENV, "").strip()
+        return cls.from_file(path) if path else cls()
+
+
+def operator_config_schema() -> dict[str, Any]:
+    """JSON schema of the configuration file (camelCase keys, defaults included)."""
+    schema = OperatorConfig.model_json_schema(by_alias=True, mode="validation")
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    return schema
+
+
+def dump_schema() -> str:
+    return json.dumps(operator_config_schema(), indent=2, sort_keys=True) + "\n"

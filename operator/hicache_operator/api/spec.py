@@ -1,0 +1,432 @@
+"""``SGLangHiCache`` spec: the typed models the CRD is generated from and the planner reads.
+
+Field-level rules (types, enums, ranges, quantity syntax) live on the fields; cross-field rules
+are CEL ``x-kubernetes-validations`` on the model they concern (evaluated by the API server) and
+are re-checked by the planner (``planner.validate``), which also knows the operator's policy.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import ConfigDict, Field
+
+from .types import (
+    ApiModel,
+    AutoCpu,
+    AutoQuantity,
+    GpuModelName,
+    HugePageSize,
+    PassThrough,
+    Quantity,
+    Toleration,
+)
+
+
+def _rules(*rules: tuple[str, str]) -> ConfigDict:
+    return ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]
+        }
+    )
+
+
+class EnvVar(ApiModel):
+    """An environment variable for the engine container (core/v1 EnvVar)."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=256,
+        pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$",
+        description="Variable name; names the operator owns (HICACHE_*, UMBP_*, POD_NAME, "
+        "POD_NAMESPACE, SGLANG_DP_RANK, SGLANG_DP_SIZE) are rejected.",
+    )
+    value: str | None = Field(default=None, description="Literal value.")
+    value_from: PassThrough | None = Field(
+        default=None, description="Source for the value (core/v1 EnvVarSource), passed through."
+    )
+
+
+class ModelSource(ApiModel):
+    """Which model SGLang serves and where its weights come from."""
+
+    model_config = _rules(
+        (
+            "!has(self.volume) || size(self.volume) == 1",
+            "volume must hold exactly one volume source (e.g. persistentVolumeClaim)",
+        ),
+    )
+
+    path: str = Field(
+        min_length=1,
+        max_length=1024,
+        description="Model id or path handed to SGLang --model-path. With a volume, a path "
+        "under mountPath (e.g. /models/DeepSeek-R1); without one, a Hugging Face id.",
+    )
+    volume: PassThrough | None = Field(
+        default=None,
+        description="Volume source holding the weights (core/v1 VolumeSource, e.g. "
+        "persistentVolumeClaim), mounted read-only at mountPath. hostPath is accepted only "
+        "under a prefix the operator's admin policy allows.",
+    )
+    mount_path: str = Field(
+        default="/models",
+        pattern=r"^/[^:]*$",
+        max_length=512,
+        description="Where the model volume is mounted in the engine container.",
+    )
+
+
+class Engine(ApiModel):
+    """SGLang server parallelism and serving options."""
+
+    model_config = _rules(
+        (
+            "!has(self.enableDpAttention) || !self.enableDpAttention || "
+            "(has(self.dataParallelSize) && self.dataParallelSize >= 2 && "
+            "(has(self.tensorParallelSize) ? self.tensorParallelSize : 1) "
+            "% self.dataParallelSize == 0)",
+            "enableDpAttention needs dataParallelSize >= 2 dividing tensorParallelSize (DP "
+            "attention splits the TP group)",
+        ),
+        (
+            "!has(self.gpusPerPod) || self.gpusPerPod == "
+            "((has(self.tensorParallelSize) ? self.tensorParallelSize : 1) * "
+            "((has(self.enableDpAttention) && self.enableDpAttention) || "
+            "!has(self.dataParallelSize) ? 1 : self.dataParallelSize))",
+            "gpusPerPod must equal tensorParallelSize (with DP attention) or "
+            "tensorParallelSize x dataParallelSize",
+        ),
+    )
+
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64, description="SGLang --tp-size.")
+    data_parallel_size: int = Field(default=1, ge=1, le=64, description="SGLang --dp-size.")
+    enable_dp_attention: bool = Field(
+        default=False,
+        description="SGLang --enable-dp-attention: DP ranks share the TP GPUs "
+        "(GPUs per pod = tensorParallelSize instead of tensorParallelSize x dataParallelSize).",
+    )
+    gpus_per_pod: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="GPUs per pod; derived from the parallelism when "
+        "unset, and must match it when set.",
+    )
+    page_size: int = Field(
+        default=64, ge=1, le=4096, description="SGLang --page-size (tokens per KV page)."
+    )
+    port: int = Field(default=30000, ge=1024, le=65535, description="SGLang HTTP port.")
+    extra_args: list[str] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Extra SGLang arguments; flags the operator owns (--tp-size, --page-size, "
+        "--hicache-*, --model-path, --port, ...) are rejected with the conflicting name.",
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Extra environment variables for the engine container.",
+    )
+
+
+class HostAllocator(ApiModel):
+    """How each rank's L2 host KV pool is allocated in the pod."""
+
+    huge_page_size: HugePageSize = Field(
+        default="2Mi",
+        description="Hugepage size backing the host pool (requested as "
+        "hugepages-<size>); none uses 4 KiB pages counted in the memory limit.",
+    )
+    prefault: bool = Field(
+        default=True, description="Touch the pool at start so serving does not pay page faults."
+    )
+    prefault_threads: int = Field(
+        default=0,
+        ge=0,
+        le=1024,
+        description="Threads touching the pool (0: one per CPU of the pod).",
+    )
+    numa: Literal["auto", "none"] = Field(
+        default="auto",
+        description="auto: the launcher binds each rank's pool to its GPU's NUMA "
+        "node; none: no binding.",
+    )
+
+
+class HiCache(ApiModel):
+    """SGLang HiCache: the L2 host pool per rank and its policies."""
+
+    model_config = _rules(
+        (
+            "has(self.hostPoolPerRank) != has(self.hostPoolRatio)",
+            "set exactly one of hostPoolPerRank or hostPoolRatio",
+        ),
+        (
+            "!has(self.memLayout) || self.memLayout != 'layer_first'",
+            "memLayout layer_first is not allowed: the UMBP store needs a page-first layout "
+            "(page_first or page_first_direct)",
+        ),
+        (
+            "!has(self.writePolicy) || self.writePolicy == 'write_back' || "
+            "(has(self.allowWriteThrough) && self.allowWriteThrough)",
+            "writePolicy write_through needs allowWriteThrough: true (a detokenizer deadlock was "
+            "seen with write-through policies)",
+        ),
+        (
+            "!has(self.hostPoolRatio) || (has(self.hostAllocator) && "
+            "has(self.hostAllocator.hugePageSize) && self.hostAllocator.hugePageSize == 'none')",
+            "hostPoolRatio sizes the pool from the GPU KV cache, which the operator cannot know, "
+            "so hugepages cannot be requested: use hostPoolPerRank or hostAllocator.hugePageSize "
+            "none",
+        ),
+    )
+
+    host_pool_per_rank: Quantity | None = Field(
+        default=None,
+        description="Host KV pool per rank (e.g. 200Gi); rendered in bytes to "
+        "--hicache-size. Exactly one of hostPoolPerRank and hostPoolRatio.",
+    )
+    host_pool_ratio: float | None = Field(
+        default=None,
+        ge=1.0,
+        le=100.0,
+        description="Host pool as a multiple of the GPU KV pool "
+        "(--hicache-ratio); needs hostAllocator.hugePageSize none and explicit "
+        "resources.memory.",
+    )
+    mem_layout: Literal["page_first", "page_first_direct", "layer_first"] = Field(
+        default="page_first",
+        description="--hicache-mem-layout; layer_first is rejected (UMBP needs "
+        "page-first layouts).",
+    )
+    write_policy: Literal["write_back", "write_through", "write_through_selective"] = Field(
+        default="write_back",
+        description="--hicache-write-policy; write-through policies need allowWriteThrough.",
+    )
+    allow_write_through: bool = Field(
+        default=False, description="Explicitly allow write-through policies."
+    )
+    io_backend: Literal["kernel", "direct"] = Field(
+        default="kernel", description="--hicache-io-backend (GPU <-> host copies)."
+    )
+    host_allocator: HostAllocator = Field(
+        default_factory=HostAllocator,
+        description="Host pool allocation (hugepages, prefault, NUMA).",
+    )
+
+
+class DramTier(ApiModel):
+    """UMBP DRAM tier (L3), per pod."""
+
+    capacity: Quantity = Field(
+        default="0",
+        description="DRAM tier per pod (split evenly across ranks in embedded mode; one "
+        "server in standalone mode); 0 disables it.",
+    )
+    huge_page_size: HugePageSize = Field(
+        default="none",
+        description="Hugepages backing the DRAM tier (counted in hugepages-<size>); "
+        "none uses 4 KiB pages counted in the memory limit.",
+    )
+    prefault: bool = Field(default=True, description="Touch the tier at start.")
+
+
+class ClaimTemplate(ApiModel):
+    """A per-pod PersistentVolumeClaim (StatefulSet volumeClaimTemplates)."""
+
+    storage_class_name: str | None = Field(
+        default=None, description="StorageClass (e.g. local-nvme); empty uses the cluster default."
+    )
+    size: Quantity = Field(description="Requested volume size.")
+
+
+class EmptyDirVolume(ApiModel):
+    """An emptyDir on the node's ephemeral storage (lost with the pod)."""
+
+    size_limit: Quantity = Field(
+        description="emptyDir sizeLimit; also requested as ephemeral-storage."
+    )
+
+
+class HostPathVolume(ApiModel):
+    """A host directory; only under a prefix the admin policy allows."""
+
+    path: str = Field(pattern=r"^/[^:]*$", max_length=512, description="Absolute host path.")
+    size: Quantity | None = Field(
+        default=None,
+        description="Usable size of the host filesystem, for the capacity check; the "
+        "launcher checks free space in the pod either way.",
+    )
+
+
+class SsdVolume(ApiModel):
+    """Where the SSD tier lives: exactly one volume kind."""
+
+    model_config = _rules(
+        (
+            "(has(self.claimTemplate) ? 1 : 0) + (has(self.emptyDir) ? 1 : 0) + "
+            "(has(self.hostPath) ? 1 : 0) == 1",
+            "set exactly one of claimTemplate, emptyDir or hostPath",
+        ),
+    )
+
+    claim_template: ClaimTemplate | None = Field(default=None, description="Per-pod PVC.")
+    empty_dir: EmptyDirVolume | None = Field(default=None, description="Node ephemeral storage.")
+    host_path: HostPathVolume | None = Field(
+        default=None, description="Host directory (admin allow-listed prefixes only)."
+    )
+
+
+class SsdTier(ApiModel):
+    """UMBP SSD tier (L3), per pod."""
+
+    model_config = _rules(
+        (
+            "!has(self.enabled) || !self.enabled || (has(self.capacity) && has(self.volume))",
+            "an enabled SSD tier needs capacity and volume",
+        ),
+    )
+
+    enabled: bool = Field(default=False, description="Enable the SSD tier.")
+    capacity: Quantity | None = Field(
+        default=None,
+        description="SSD tier per pod (split across ranks in embedded mode); must fit "
+        "the volume minus headroomPercent.",
+    )
+    volume: SsdVolume | None = Field(default=None, description="The SSD volume.")
+    headroom_percent: int = Field(
+        default=5,
+        ge=0,
+        le=50,
+        description="Part of the volume kept free (filesystem metadata, fragmentation).",
+    )
+    io_backend: Literal["io_uring", "posix"] = Field(
+        default="io_uring", description="SSD I/O engine."
+    )
+    allow_posix_fallback: bool = Field(
+        default=False,
+        description="Use posix I/O when io_uring is unavailable (e.g. blocked by the "
+        "runtime's seccomp profile) instead of failing.",
+    )
+    durability: Literal["relaxed", "strict"] = Field(
+        default="relaxed",
+        description="relaxed: the page cache may hold recent writes; strict: each "
+        "batch is durable before it is acknowledged.",
+    )
+
+
+class Tiering(ApiModel):
+    """How the DRAM and SSD tiers compose."""
+
+    write_policy: Literal["write_back", "write_through"] = Field(
+        default="write_back",
+        description="DRAM -> SSD: write_back copies in the background through "
+        "a bounded queue; write_through returns after both tiers hold the page.",
+    )
+    queue_pages: int = Field(
+        default=4096, ge=1, le=1048576, description="Write-back queue bound in pages."
+    )
+    promote_on_hit: bool = Field(default=True, description="Copy pages read from SSD into DRAM.")
+
+
+class Eviction(ApiModel):
+    """Eviction of the L3 tiers."""
+
+    policy: Literal["lru"] = Field(
+        default="lru",
+        description="mori 1.2.4 evicts least-recently-used pages per tier; the only "
+        "policy it implements.",
+    )
+
+
+class L3(ApiModel):
+    """HiCache L3 on AMD MORI UMBP."""
+
+    mode: Literal["embedded", "standalone"] = Field(
+        default="embedded",
+        description="embedded: UMBP in the SGLang process; standalone: one "
+        "umbp_standalone_server sidecar per medium sharing a socket directory, so the cache "
+        "survives engine restarts.",
+    )
+    dram: DramTier = Field(default_factory=DramTier, description="DRAM tier.")
+    ssd: SsdTier = Field(default_factory=SsdTier, description="SSD tier.")
+    tiering: Tiering = Field(default_factory=Tiering, description="DRAM/SSD composition.")
+    eviction: Eviction = Field(default_factory=Eviction, description="Eviction policy.")
+
+
+class Placement(ApiModel):
+    """Where pods run."""
+
+    gpu_model: GpuModelName = Field(
+        default="MI355X",
+        description="AMD Instinct model; nodes are selected by its PCI device id "
+        "through the AMD node labeller's labels.",
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Extra node labels to match."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Extra tolerations (the GPU taint is tolerated already; amd-gpu-unhealthy "
+        "never is by default).",
+    )
+    affinity: PassThrough | None = Field(
+        default=None,
+        description="Pod affinity (core/v1 Affinity); required node terms are combined "
+        "with the GPU model terms.",
+    )
+    priority_class_name: str | None = Field(
+        default=None, max_length=253, description="PriorityClass."
+    )
+
+
+class Resources(ApiModel):
+    """Engine container resources; always Guaranteed QoS with integer CPUs."""
+
+    cpu: AutoCpu = Field(default="auto", description="Whole CPUs for the engine, or auto.")
+    memory: AutoQuantity = Field(
+        default="auto",
+        description="Engine memory (the non-hugepage part, incl. /dev/shm), or auto.",
+    )
+    shm_size: AutoQuantity = Field(
+        default="auto", description="/dev/shm size (memory-backed), or auto."
+    )
+
+
+class Security(ApiModel):
+    """Privileges requested for the engine; each needs the admin policy's permission."""
+
+    capabilities: list[str] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Capabilities to add beyond IPC_LOCK (e.g. SYS_NICE for NUMA binding "
+        "under RuntimeDefault seccomp); each must be in the policy's allowedCapabilities.",
+    )
+    privileged: bool = Field(default=False, description="Privileged container (policy must allow).")
+    host_ipc: bool = Field(
+        default=False, alias="hostIPC", description="Host IPC namespace (policy must allow)."
+    )
+    host_network: bool = Field(default=False, description="Host network (policy must allow).")
+
+
+class SGLangHiCacheSpec(ApiModel):
+    """Desired state: one SGLang server per pod with HiCache L2 and UMBP L3."""
+
+    model: ModelSource = Field(description="Model to serve.")
+    image: str = Field(
+        default="", max_length=512, description="Engine image; empty uses the operator's default."
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
+        default=None, description="Image pull policy; empty uses the operator's default."
+    )
+    replicas: int = Field(
+        default=1, ge=0, le=1024, description="Pods; each pod is one SGLang server."
+    )
+    engine: Engine = Field(default_factory=Engine, description="Parallelism and serving.")
+    hi_cache: HiCache = Field(description="L2 host pool and HiCache policies.")
+    l3: L3 = Field(default_factory=L3, description="UMBP L3 tiers.")
+    placement: Placement = Field(default_factory=Placement, description="Node selection.")
+    resources: Resources = Field(default_factory=Resources, description="CPU and memory.")
+    security: Security = Field(default_factory=Security, description="Requested privileges.")

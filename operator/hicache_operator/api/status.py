@@ -1,0 +1,114 @@
+"""``SGLangHiCache`` status: written by the controller, ``plan`` filled from the planner."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .types import ApiModel
+
+Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Invalid"]
+ConditionType = Literal["SpecValid", "Ready", "Progressing", "Degraded"]
+
+# Reasons the controller reports; kept here so the controller and docs use the same words.
+REASONS = (
+    "Valid",
+    "InvalidSpec",
+    "PolicyViolation",
+    "RolloutInProgress",
+    "AllReplicasReady",
+    "TopologyAffinityError",
+    "HugepagesUnavailable",
+    "SsdVolumePending",
+    "PodsNotReady",
+)
+
+
+class Condition(ApiModel):
+    """A standard Kubernetes condition."""
+
+    type: str = Field(description="SpecValid, Ready, Progressing or Degraded.")
+    status: Literal["True", "False", "Unknown"] = Field(description="Condition status.")
+    reason: str = Field(default="", description="CamelCase reason, e.g. TopologyAffinityError.")
+    message: str = Field(default="", description="Human-readable detail.")
+    last_transition_time: str | None = Field(
+        default=None, description="When the status last changed (RFC 3339)."
+    )
+    observed_generation: int | None = Field(
+        default=None, description="Generation the condition is about."
+    )
+
+
+class RankPlan(ApiModel):
+    """One rank of a pod as planned."""
+
+    rank: int = Field(description="Local rank (SGLang worker) in the pod.")
+    gpu: int = Field(description="GPU index assumed for this rank.")
+    numa_node: int = Field(
+        description="NUMA node of that GPU on the assumed node (the "
+        "launcher resolves the real one in the pod)."
+    )
+    host_pool_bytes: int = Field(description="L2 host pool bytes (0: sized by ratio).")
+    dram_bytes: int = Field(description="UMBP DRAM bytes for this rank (embedded mode).")
+    ssd_bytes: int = Field(description="UMBP SSD bytes for this rank (embedded mode).")
+
+
+class TopologyPlan(ApiModel):
+    """How the pod fits the node's NUMA topology."""
+
+    single_numa_node_compatible: bool = Field(
+        description="Whether the pod can pass the single-numa-node Topology Manager policy."
+    )
+    reasons: list[str] = Field(default_factory=list, description="Why not, when not.")
+    pods_per_node: int = Field(description="Pods of this size that fit one node's GPUs.")
+
+
+class PlanStatus(ApiModel):
+    """What the operator computed for each pod (plain bytes and Kubernetes quantities)."""
+
+    gpus_per_pod: int = Field(description="GPUs per pod.")
+    ranks_per_pod: int = Field(description="SGLang ranks per pod.")
+    cpu_per_pod: int = Field(description="Whole CPUs per pod, all containers.")
+    memory_per_pod: str = Field(description="Memory per pod (non-hugepage), all containers.")
+    hugepages_per_pod: str = Field(description="Hugepages per pod, e.g. '1600Gi (2Mi)'.")
+    shm_size: str = Field(description="/dev/shm size.")
+    host_pool_bytes_per_rank: int = Field(description="L2 host pool per rank in bytes.")
+    dram_bytes: int = Field(description="UMBP DRAM bytes per pod.")
+    ssd_bytes: int = Field(description="UMBP SSD bytes per pod.")
+    ranks: list[RankPlan] = Field(default_factory=list, description="Per-rank plan.")
+    topology: TopologyPlan = Field(description="NUMA fit.")
+    warnings: list[str] = Field(default_factory=list, description="Planner warnings.")
+
+
+class CacheTier(ApiModel):
+    """Capacity (and later hit rate) of one cache tier."""
+
+    tier: Literal["L2", "L3-DRAM", "L3-SSD"] = Field(description="Tier name.")
+    capacity_bytes: int = Field(description="Capacity per pod in bytes (0: unknown).")
+    hit_rate: float | None = Field(default=None, ge=0, le=1, description="Hit rate, when reported.")
+
+
+class CacheStatus(ApiModel):
+    """Cache tiers as configured (and observed, later)."""
+
+    tiers: list[CacheTier] = Field(default_factory=list, description="Per-tier figures.")
+
+
+class SGLangHiCacheStatus(ApiModel):
+    """Observed state."""
+
+    observed_generation: int | None = Field(default=None, description="Last generation acted on.")
+    phase: Phase | None = Field(
+        default=None, description="Pending, Progressing, Ready, Degraded or Invalid."
+    )
+    replicas: int | None = Field(default=None, description="Pods that exist.")
+    ready_replicas: int | None = Field(default=None, description="Pods that are ready.")
+    message: str | None = Field(default=None, description="Short human summary.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Conditions.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    plan: PlanStatus | None = Field(default=None, description="The computed plan.")
+    cache: CacheStatus | None = Field(default=None, description="Cache tiers.")

@@ -1,0 +1,109 @@
+"""Shared field types of the API models and the Kubernetes schema each one maps to in the CRD."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic.alias_generators import to_camel
+
+from .quantity import QUANTITY_PATTERN, parse_bytes
+
+GROUP = "hicache.sglang.ai"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "SGLangHiCache"
+PLURAL = "sglanghicaches"
+SINGULAR = "sglanghicache"
+SHORT_NAMES = ("shc",)
+
+GpuModelName = Literal["MI355X", "MI350X", "MI325X", "MI300X"]
+GPU_MODEL_NAMES: tuple[GpuModelName, ...] = ("MI355X", "MI350X", "MI325X", "MI300X")
+HugePageSize = Literal["2Mi", "1Gi", "none"]
+
+
+class ApiModel(BaseModel):
+    """Base of every API model: camelCase on the wire, unknown fields rejected."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+    )
+
+
+def _check_quantity(value: int | str) -> int | str:
+    parse_bytes(value, field="value")
+    return value
+
+
+def _check_auto_quantity(value: int | str) -> int | str:
+    if value == "auto":
+        return value
+    return _check_quantity(value)
+
+
+def _check_auto_int(value: int | str) -> int | str:
+    if value == "auto":
+        return value
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        value = int(value)  # "8" is what the CRD pattern admits for an int-or-string
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{value!r} is neither 'auto' nor a whole number of CPUs >= 1")
+    return value
+
+
+_INT_OR_STRING: dict[str, Any] = {
+    "x-kubernetes-int-or-string": True,
+    "anyOf": [{"type": "integer"}, {"type": "string"}],
+}
+
+# A byte quantity as Kubernetes writes it: 200Gi, 3Ti, 500G or a plain integer. Kept verbatim in
+# the CR; the planner converts it to exact bytes.
+Quantity = Annotated[
+    int | str,
+    AfterValidator(_check_quantity),
+    WithJsonSchema({**_INT_OR_STRING, "pattern": QUANTITY_PATTERN}),
+]
+AutoQuantity = Annotated[
+    int | str,
+    AfterValidator(_check_auto_quantity),
+    WithJsonSchema({**_INT_OR_STRING, "pattern": f"^auto$|{QUANTITY_PATTERN}"}),
+]
+AutoCpu = Annotated[
+    int | str,
+    AfterValidator(_check_auto_int),
+    WithJsonSchema({**_INT_OR_STRING, "pattern": "^(auto|[1-9][0-9]*)$"}),
+]
+
+# Kubernetes objects the operator passes through verbatim (VolumeSource, Affinity, EnvVarSource):
+# the API server keeps their fields, the built-in object validation catches mistakes.
+PassThrough = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
+]
+
+
+class Toleration(ApiModel):
+    """A Kubernetes toleration (core/v1 Toleration)."""
+
+    key: str | None = Field(
+        default=None,
+        description="Taint key to tolerate; empty with operator "
+        "Exists tolerates every taint (including amd-gpu-unhealthy).",
+    )
+    operator: Literal["Exists", "Equal"] | None = Field(
+        default=None, description="Exists or Equal (default Equal)."
+    )
+    value: str | None = Field(default=None, description="Taint value for operator Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to match; empty matches all effects."
+    )
+    toleration_seconds: int | None = Field(
+        default=None,
+        description="For NoExecute: how long the pod stays bound after the taint appears.",
+    )
+
+    def as_k8s(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True)

@@ -1,0 +1,216 @@
+"""The StatefulSet: engine container, standalone UMBP sidecars, volumes, placement.
+
+Standalone sidecars are native sidecars (init containers with ``restartPolicy: Always``, GA in
+Kubernetes 1.33): they start, and answer on their socket, before the engine, and keep running
+when the engine container restarts, so the L3 cache survives engine crashes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hicache_umbp.config import Medium, standalone_server_env
+
+from ..api.quantity import format_bytes
+from ..planner.engine import (
+    LAUNCH_COMMAND,
+    REPORT_DIR,
+    SIDECAR_MEDIUM,
+    SOCKET_DIR,
+    sidecar_socket,
+    standalone_server_command,
+)
+from ..planner.security import (
+    engine_security_context,
+    pod_security_context,
+    sidecar_security_context,
+)
+from ..planner.sizing import ContainerSizing
+from ..planner.ssd import SSD_MOUNT, SSD_VOLUME
+from .context import CONFIG_HASH_ANNOTATION, BuildInput
+
+SHM_VOLUME = "dshm"
+RUN_VOLUME = "hicache-run"
+SOCKET_VOLUME = "umbp-sockets"
+MODEL_VOLUME = "model"
+TMP_VOLUME = "tmp"
+HEALTH_PATH = "/health"
+
+
+def _resources(b: BuildInput, c: ContainerSizing, ephemeral: int = 0) -> dict[str, Any]:
+    res = c.resources(b.config.gpu_resource_name)
+    requests = dict(res)
+    if ephemeral:
+        requests["ephemeral-storage"] = format_bytes(ephemeral)
+    return {"requests": requests, "limits": res}
+
+
+def _env_list(env: dict[str, str]) -> list[dict[str, Any]]:
+    return [{"name": k, "value": v} for k, v in sorted(env.items())]
+
+
+def _engine_container(b: BuildInput) -> dict[str, Any]:
+    spec = b.spec
+    standalone = spec.l3.mode == "standalone"
+    mounts: list[dict[str, Any]] = [
+        {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
+        {"name": RUN_VOLUME, "mountPath": REPORT_DIR},
+    ]
+    if spec.model.volume is not None:
+        mounts.append({"name": MODEL_VOLUME, "mountPath": spec.model.mount_path, "readOnly": True})
+    if b.ssd.enabled and not standalone:
+        mounts.append({"name": SSD_VOLUME, "mountPath": SSD_MOUNT})
+    if standalone:
+        mounts.append({"name": SOCKET_VOLUME, "mountPath": SOCKET_DIR})
+    env: list[dict[str, Any]] = [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+    ]
+    env += [v.model_dump(by_alias=True, exclude_none=True) for v in spec.engine.env]
+
+    def probe() -> dict[str, Any]:
+        return {"httpGet": {"path": HEALTH_PATH, "port": "http"}}
+
+    ephemeral = b.ssd.ephemeral_bytes if (b.ssd.enabled and not standalone) else 0
+    return {
+        "name": "engine",
+        "image": b.image,
+        "imagePullPolicy": b.image_pull_policy,
+        "command": list(LAUNCH_COMMAND),
+        "ports": [{"name": "http", "containerPort": spec.engine.port, "protocol": "TCP"}],
+        "envFrom": [{"configMapRef": {"name": b.names.configmap}}],
+        "env": env,
+        "resources": _resources(b, b.sizing.engine, ephemeral),
+        "volumeMounts": mounts,
+        # Loading a large model and prefaulting the host pool take long: up to 2 h to start.
+        "startupProbe": {**probe(), "periodSeconds": 10, "failureThreshold": 720},
+        "readinessProbe": {**probe(), "periodSeconds": 10, "failureThreshold": 3},
+        "livenessProbe": {
+            **probe(),
+            "periodSeconds": 30,
+            "timeoutSeconds": 10,
+            "failureThreshold": 5,
+        },
+        "securityContext": engine_security_context(spec, b.config.policy),
+    }
+
+
+def _sidecar(b: BuildInput, medium: Medium, sizing: ContainerSizing) -> dict[str, Any]:
+    spec = b.spec
+    socket = sidecar_socket(medium)
+    mounts = [
+        {"name": SOCKET_VOLUME, "mountPath": SOCKET_DIR},
+        {"name": TMP_VOLUME, "mountPath": "/tmp"},
+    ]
+    ephemeral = 0
+    if medium == "dram":
+        env = standalone_server_env(
+            "dram", capacity_bytes=b.sizing.dram_total, hugepage_bytes=b.sizing.dram_page
+        )
+        caps = [c for c in b.capabilities if c in ("IPC_LOCK", "SYS_NICE")]
+    else:
+        env = standalone_server_env(
+            "ssd",
+            capacity_bytes=b.ssd.capacity,
+            ssd_dir=SSD_MOUNT,
+            io_backend=spec.l3.ssd.io_backend,
+            durability=spec.l3.ssd.durability,
+        )
+        mounts.append({"name": SSD_VOLUME, "mountPath": SSD_MOUNT})
+        ephemeral = b.ssd.ephemeral_bytes
+        caps = []
+    return {
+        "name": f"umbp-{medium}",
+        "image": b.image,
+        "imagePullPolicy": b.image_pull_policy,
+        "restartPolicy": "Always",
+        "command": standalone_server_command(medium),
+        "env": _env_list(env),
+        "resources": _resources(b, sizing, ephemeral),
+        "volumeMounts": mounts,
+        "startupProbe": {
+            "exec": {"command": ["test", "-S", socket]},
+            "periodSeconds": 2,
+            "failureThreshold": 300,
+        },
+        "securityContext": sidecar_security_context(caps),
+    }
+
+
+def _volumes(b: BuildInput) -> list[dict[str, Any]]:
+    spec = b.spec
+    vols: list[dict[str, Any]] = [
+        {
+            "name": SHM_VOLUME,
+            "emptyDir": {"medium": "Memory", "sizeLimit": format_bytes(b.sizing.shm_bytes)},
+        },
+        {"name": RUN_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}},
+    ]
+    if spec.model.volume is not None:
+        vols.append({"name": MODEL_VOLUME, **spec.model.volume})
+    if b.ssd.enabled and b.ssd.pod_volume is not None:
+        vols.append(dict(b.ssd.pod_volume))
+    if spec.l3.mode == "standalone":
+        vols.append({"name": SOCKET_VOLUME, "emptyDir": {"sizeLimit": "16Mi"}})
+        vols.append({"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "1Gi"}})
+    return vols
+
+
+def build_statefulset(b: BuildInput) -> dict[str, Any]:
+    spec = b.spec
+    sidecars = [_sidecar(b, SIDECAR_MEDIUM[c.name], c) for c in b.sizing.containers[1:]]
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 120,
+        "securityContext": pod_security_context(),
+        "affinity": b.affinity,
+        "tolerations": b.tolerations,
+        "containers": [_engine_container(b)],
+        "volumes": _volumes(b),
+    }
+    if sidecars:
+        pod_spec["initContainers"] = sidecars
+    if spec.placement.node_selector:
+        pod_spec["nodeSelector"] = dict(sorted(spec.placement.node_selector.items()))
+    if spec.placement.priority_class_name:
+        pod_spec["priorityClassName"] = spec.placement.priority_class_name
+    policy = b.config.policy
+    if spec.security.host_ipc and policy.allow_host_ipc:
+        pod_spec["hostIPC"] = True
+    if spec.security.host_network and policy.allow_host_network:
+        pod_spec["hostNetwork"] = True
+        pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+    sts_spec: dict[str, Any] = {
+        "serviceName": b.names.headless_service,
+        "replicas": spec.replicas,
+        "podManagementPolicy": "Parallel",
+        "revisionHistoryLimit": 5,
+        "updateStrategy": {"type": "RollingUpdate"},
+        "selector": {"matchLabels": b.selector()},
+        "template": {
+            "metadata": {
+                "labels": b.labels("engine"),
+                "annotations": {
+                    CONFIG_HASH_ANNOTATION: b.config_hash(),
+                    "kubectl.kubernetes.io/default-container": "engine",
+                },
+            },
+            "spec": pod_spec,
+        },
+    }
+    if b.ssd.enabled and b.ssd.claim_template is not None:
+        claim = dict(b.ssd.claim_template)
+        claim["metadata"] = {**claim["metadata"], "labels": b.labels("cache")}
+        sts_spec["volumeClaimTemplates"] = [claim]
+        # The SSD tier is a cache: its PVCs go with the CR, and survive a scale-down.
+        sts_spec["persistentVolumeClaimRetentionPolicy"] = {
+            "whenDeleted": "Delete",
+            "whenScaled": "Retain",
+        }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": b.metadata(b.names.statefulset, "engine"),
+        "spec": sts_spec,
+    }

@@ -1,0 +1,203 @@
+"""The engine container's env (the backend's env contract) and the SGLang command it leads to.
+
+Env names, parsers and the command renderer are imported from the backend
+(:mod:`hicache_umbp.config`, :mod:`hicache_umbp.launch.command`): the operator renders exactly
+what the pod reads, and what it shows as "the SGLang command line" is what the launcher will
+exec for that env (with NUMA nodes still ``auto`` until the pod resolves them).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from hicache_umbp.client import standalone_socket_path
+from hicache_umbp.config import BY_KEY, ConfigError, Medium, load_launch_config, render_env
+from hicache_umbp.launch.command import GB, OWNED_FLAGS, render_command
+from hicache_umbp.launch.errors import LaunchError
+
+from ..api.spec import SGLangHiCacheSpec
+from .errors import Problems
+from .sizing import PodSizing
+from .ssd import SSD_MOUNT, SsdLayout
+
+SOCKET_DIR = "/var/run/umbp"
+REPORT_DIR = "/var/run/hicache"
+OWNED_FLAG_PREFIXES = ("--hicache-",)
+OWNED_ENV_PREFIXES = ("HICACHE_", "UMBP_")
+OWNED_ENV_NAMES = frozenset({"SGLANG_DP_RANK", "SGLANG_DP_SIZE", "POD_NAME", "POD_NAMESPACE"})
+LAUNCH_COMMAND = ("python", "-m", "hicache_umbp.launch")
+STANDALONE_SERVER_BINARY = "umbp_standalone_server"  # on PATH in the engine image
+SIDECAR_MEDIUM: dict[str, Medium] = {"umbp-dram": "dram", "umbp-ssd": "ssd"}
+
+
+@dataclass(frozen=True)
+class EngineEnv:
+    values: dict[str, Any]  # contract keys -> values
+    env: dict[str, str]  # HICACHE_* -> rendered string
+    sglang_argv: tuple[str, ...]
+
+
+def ranks_per_pod(spec: SGLangHiCacheSpec) -> int:
+    """GPUs (= ranks) one SGLang server drives: TP with DP attention, else TP x DP."""
+    e = spec.engine
+    if e.enable_dp_attention:
+        return e.tensor_parallel_size
+    return e.tensor_parallel_size * e.data_parallel_size
+
+
+def check_parallelism(spec: SGLangHiCacheSpec, problems: Problems) -> int:
+    e = spec.engine
+    ranks = ranks_per_pod(spec)
+    if e.enable_dp_attention:
+        if e.data_parallel_size < 2:
+            problems.add(
+                "spec.engine.dataParallelSize",
+                f"enableDpAttention needs dataParallelSize >= 2 (got {e.data_parallel_size})",
+            )
+        elif e.tensor_parallel_size % e.data_parallel_size:
+            problems.add(
+                "spec.engine.dataParallelSize",
+                f"DP attention splits the TP group: tensorParallelSize "
+                f"{e.tensor_parallel_size} is not a multiple of dataParallelSize "
+                f"{e.data_parallel_size}",
+            )
+    if e.gpus_per_pod is not None and e.gpus_per_pod != ranks:
+        formula = (
+            f"tensorParallelSize {e.tensor_parallel_size} (DP attention shares the TP GPUs)"
+            if e.enable_dp_attention
+            else f"tensorParallelSize {e.tensor_parallel_size} x dataParallelSize "
+            f"{e.data_parallel_size} = {ranks}"
+        )
+        problems.add(
+            "spec.engine.gpusPerPod",
+            f"gpusPerPod {e.gpus_per_pod} does not match the parallelism: {formula}",
+        )
+    return ranks
+
+
+def owned_flag(arg: str) -> str | None:
+    flag = arg.split("=", 1)[0]
+    if flag in OWNED_FLAGS or flag.startswith(OWNED_FLAG_PREFIXES):
+        return flag
+    return None
+
+
+def check_user_args_and_env(spec: SGLangHiCacheSpec, problems: Problems) -> None:
+    for i, arg in enumerate(spec.engine.extra_args):
+        flag = owned_flag(arg)
+        if flag:
+            problems.add(
+                f"spec.engine.extraArgs[{i}]",
+                f"{flag} is set by the operator from the CR; remove it (use spec.engine "
+                f"/ spec.hiCache fields instead)",
+            )
+    seen: set[str] = set()
+    for i, var in enumerate(spec.engine.env):
+        if var.name in OWNED_ENV_NAMES or var.name.startswith(OWNED_ENV_PREFIXES):
+            problems.add(
+                f"spec.engine.env[{i}].name",
+                f"{var.name} is owned by the operator (HICACHE_*, UMBP_*, "
+                f"SGLANG_DP_RANK, SGLANG_DP_SIZE, POD_NAME, POD_NAMESPACE)",
+            )
+        if var.name in seen:
+            problems.add(f"spec.engine.env[{i}].name", f"{var.name} is set twice")
+        seen.add(var.name)
+        if var.value is not None and var.value_from is not None:
+            problems.add(f"spec.engine.env[{i}]", "set value or valueFrom, not both")
+
+
+def contract_values(
+    spec: SGLangHiCacheSpec, namespace: str, name: str, sizing: PodSizing, ssd: SsdLayout
+) -> dict[str, Any]:
+    """Contract keys (hicache_umbp.config.SETTINGS) for this pod; mode-foreign keys omitted."""
+    e, hc, l3 = spec.engine, spec.hi_cache, spec.l3
+    v: dict[str, Any] = {
+        "umbp_mode": l3.mode,
+        "umbp_namespace": f"{namespace}/{name}",
+        "umbp_model_id": spec.model.path,
+        "umbp_local_ranks": sizing.ranks,
+        "umbp_ssd_enabled": ssd.enabled,
+        "umbp_tier_write_policy": l3.tiering.write_policy,
+        "umbp_tier_queue_pages": l3.tiering.queue_pages,
+        "umbp_promote_on_hit": l3.tiering.promote_on_hit,
+        "host_hugepage_bytes": sizing.host_page,
+        "host_prefault": hc.host_allocator.prefault,
+        "host_prefault_threads": hc.host_allocator.prefault_threads,
+        "model_path": spec.model.path,
+        "tp_size": e.tensor_parallel_size,
+        "dp_size": e.data_parallel_size,
+        "enable_dp_attention": e.enable_dp_attention,
+        "page_size": e.page_size,
+        "port": e.port,
+        "mem_layout": hc.mem_layout,
+        "write_policy": hc.write_policy,
+        "io_backend": hc.io_backend,
+        "numa_policy": hc.host_allocator.numa,
+        "ssd_allow_posix_fallback": l3.ssd.allow_posix_fallback,
+        "extra_args": json.dumps(list(e.extra_args)),
+        "report_path": f"{REPORT_DIR}/launch-report.json",
+    }
+    if hc.host_pool_per_rank is not None:
+        v["host_pool_bytes"] = sizing.host_pool_per_rank
+    elif hc.host_pool_ratio is not None:
+        v["host_pool_ratio"] = hc.host_pool_ratio
+    if l3.mode == "embedded":
+        v["umbp_dram_bytes"] = sizing.dram_per_rank
+        v["umbp_dram_hugepage_bytes"] = sizing.dram_page
+        v["umbp_dram_prefault"] = l3.dram.prefault
+        if ssd.enabled:
+            v.update(
+                umbp_ssd_dir=SSD_MOUNT,
+                umbp_ssd_bytes=sizing.ssd_per_rank,
+                umbp_ssd_io_backend=l3.ssd.io_backend,
+                umbp_ssd_durability=l3.ssd.durability,
+            )
+    else:
+        v["umbp_socket_dir"] = SOCKET_DIR
+    return v
+
+
+def plan_engine_env(
+    spec: SGLangHiCacheSpec,
+    namespace: str,
+    name: str,
+    sizing: PodSizing,
+    ssd: SsdLayout,
+    problems: Problems,
+) -> EngineEnv | None:
+    """Render the env and parse it back with the backend's own loader and command renderer."""
+    if sizing.host_pool_per_rank and sizing.host_pool_per_rank < GB:
+        problems.add(
+            "spec.hiCache.hostPoolPerRank",
+            f"{sizing.host_pool_per_rank} B is below 1 GB (10^9 B), the unit of "
+            f"SGLang's --hicache-size",
+        )
+    values = contract_values(spec, namespace, name, sizing, ssd)
+    try:
+        env = render_env(values)
+        cfg = load_launch_config(env)
+        command = render_command(cfg, {}, python="python")
+    except ConfigError as err:
+        for p in err.problems:
+            problems.add("spec", f"the pod would reject its configuration: {p}")
+        return None
+    except LaunchError as err:
+        problems.add("spec", f"the launcher would refuse to start: {err}")
+        return None
+    return EngineEnv(values=values, env=env, sglang_argv=command.argv)
+
+
+def sidecar_socket(medium: Medium) -> str:
+    """The socket the store connects to for ``medium`` (the backend's own path rule)."""
+    return standalone_socket_path(SOCKET_DIR, medium)
+
+
+def standalone_server_command(medium: Medium) -> list[str]:
+    """The sidecar's argv: ``umbp_standalone_server unix:<socket_dir>/<medium>.sock``."""
+    return [STANDALONE_SERVER_BINARY, f"unix:{sidecar_socket(medium)}"]
+
+
+def env_var_name(key: str) -> str:
+    return BY_KEY[key].env

@@ -1,0 +1,247 @@
+"""``plan()``: (CR, operator config, node facts) -> every Kubernetes object plus an explanation.
+
+Pure: no API calls, no clock, no randomness; the same input gives byte-identical objects. Owner
+references are left to the controller. Invalid input raises one :class:`SpecError` listing every
+problem with its field path.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from ..api.config import NodeFacts, OperatorConfig
+from ..api.quantity import format_bytes, human_bytes, parse_bytes
+from ..api.spec import SGLangHiCacheSpec
+from ..api.status import CacheTier, PlanStatus, RankPlan, TopologyPlan
+from ..builders import (
+    BuildInput,
+    build_client_service,
+    build_configmap,
+    build_headless_service,
+    build_pdb,
+    build_statefulset,
+)
+from .engine import (
+    SIDECAR_MEDIUM,
+    SOCKET_DIR,
+    EngineEnv,
+    check_parallelism,
+    check_user_args_and_env,
+    plan_engine_env,
+    standalone_server_command,
+)
+from .errors import Problems, SpecError
+from .placement import GPU_MODELS, GpuModel, pod_affinity, pod_tolerations, tolerates_unhealthy
+from .security import check_security, granted_capabilities, security_warnings
+from .sizing import PodSizing, size_pod
+from .ssd import SsdLayout, plan_ssd
+from .topology import Topology, plan_topology
+from .validate import parse_cr
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    """Manifests spell every value out (no &anchors/*aliases for shared sub-objects)."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    namespace: str
+    spec: SGLangHiCacheSpec
+    config: OperatorConfig
+    gpu_model: GpuModel
+    sizing: PodSizing
+    ssd: SsdLayout
+    engine: EngineEnv
+    topology: Topology
+    objects: list[dict[str, Any]]
+    status_plan: dict[str, Any]
+    warnings: list[str]
+
+    def manifests_yaml(self) -> str:
+        return "".join(
+            "---\n" + yaml.dump(o, Dumper=_NoAliasDumper, sort_keys=False, width=100)
+            for o in self.objects
+        )
+
+    def summary(self) -> str:
+        from .summary import render_summary
+
+        return render_summary(self)
+
+
+def plan(
+    cr: Mapping[str, Any], config: OperatorConfig, node_facts: NodeFacts | None = None
+) -> Plan:
+    """Plan every object of one SGLangHiCache; raises :class:`SpecError` on invalid input."""
+    problems = Problems()
+    parsed = parse_cr(cr, problems)
+    if parsed is None:
+        if not problems:  # pragma: no cover - parse_cr always explains a None
+            problems.add("<root>", "invalid CR")
+        problems.raise_if_any()
+    assert parsed is not None
+    if node_facts is not None:
+        config = config.model_copy(update={"node_facts": node_facts})
+    spec, policy = parsed.spec, config.policy
+
+    check_security(spec, policy, problems)
+    check_user_args_and_env(spec, problems)
+    ranks = check_parallelism(spec, problems)
+    if spec.l3.mode == "standalone" and parse_bytes(spec.l3.dram.capacity) == 0:
+        problems.add(
+            "spec.l3.dram.capacity",
+            "standalone mode always runs a DRAM server (mori serves one medium per "
+            "server and the store connects to dram.sock): set a capacity > 0",
+        )
+    if (
+        spec.l3.mode == "embedded"
+        and parse_bytes(spec.l3.dram.capacity) == 0
+        and not spec.l3.ssd.enabled
+    ):
+        problems.add("spec.l3", "no L3 tier: set l3.dram.capacity > 0 or enable l3.ssd")
+    ssd = plan_ssd(spec, ranks, policy, problems)
+    sizing = size_pod(spec, ranks, ssd.capacity if ssd.enabled else 0, config, problems)
+    engine = (
+        plan_engine_env(spec, parsed.namespace, parsed.name, sizing, ssd, problems)
+        if not problems
+        else None
+    )
+    problems.raise_if_any()
+    assert engine is not None
+
+    facts = config.node_facts
+    hp_total = sum(sizing.hugepages_total.values())
+    topology = plan_topology(ranks, sizing.cpu_total, hp_total + sizing.memory_total, facts)
+    model = GPU_MODELS[spec.placement.gpu_model]
+    tolerations = pod_tolerations(spec.placement, config)
+    warnings = _warnings(spec, config, ssd, topology, tolerations)
+    build = BuildInput(
+        name=parsed.name,
+        namespace=parsed.namespace,
+        spec=spec,
+        config=config,
+        sizing=sizing,
+        ssd=ssd,
+        engine=engine,
+        affinity=pod_affinity(spec.placement, model),
+        tolerations=tolerations,
+        capabilities=granted_capabilities(spec, policy),
+    )
+    objects = [
+        build_configmap(build),
+        build_headless_service(build),
+        build_client_service(build),
+        build_pdb(build),
+        build_statefulset(build),
+    ]
+    status_plan = _status_plan(sizing, topology, warnings)
+    return Plan(
+        name=parsed.name,
+        namespace=parsed.namespace,
+        spec=spec,
+        config=config,
+        gpu_model=model,
+        sizing=sizing,
+        ssd=ssd,
+        engine=engine,
+        topology=topology,
+        objects=objects,
+        status_plan=status_plan,
+        warnings=warnings,
+    )
+
+
+def _warnings(
+    spec: SGLangHiCacheSpec,
+    config: OperatorConfig,
+    ssd: SsdLayout,
+    topology: Topology,
+    tolerations: list[dict[str, Any]],
+) -> list[str]:
+    out: list[str] = []
+    facts = config.node_facts
+    if facts.gpu_model != spec.placement.gpu_model:
+        out.append(
+            f"node facts describe a {facts.gpu_model} node but the CR targets "
+            f"{spec.placement.gpu_model}: sizing checks use the {facts.gpu_model} facts"
+        )
+    if not topology.single_numa_node_compatible:
+        out.extend(
+            f"incompatible with the single-numa-node Topology Manager policy: {r}"
+            for r in topology.reasons
+        )
+    if tolerates_unhealthy(tolerations):
+        out.append(
+            "a toleration matches the amd-gpu-unhealthy taint: pods may land on GPUs "
+            "the AMD GPU operator marked unhealthy"
+        )
+    if ssd.enabled and ssd.volume_bytes is None:
+        out.append(
+            "hostPath SSD without size: capacity is not checked here; the launcher "
+            "checks free space in the pod"
+        )
+    out.extend(security_warnings(spec, config.policy))
+    return out
+
+
+def _status_plan(sizing: PodSizing, topology: Topology, warnings: list[str]) -> dict[str, Any]:
+    ranks = [
+        RankPlan(
+            rank=r.rank,
+            gpu=r.gpu,
+            numa_node=r.numa_node,
+            host_pool_bytes=sizing.host_pool_per_rank,
+            dram_bytes=sizing.dram_per_rank,
+            ssd_bytes=sizing.ssd_per_rank,
+        )
+        for r in topology.ranks
+    ]
+    status = PlanStatus(
+        gpus_per_pod=sizing.ranks,
+        ranks_per_pod=sizing.ranks,
+        cpu_per_pod=sizing.cpu_total,
+        memory_per_pod=format_bytes(sizing.memory_total),
+        hugepages_per_pod=sizing.hugepages_display(),
+        shm_size=format_bytes(sizing.shm_bytes),
+        host_pool_bytes_per_rank=sizing.host_pool_per_rank,
+        dram_bytes=sizing.dram_total,
+        ssd_bytes=sizing.ssd_total,
+        ranks=ranks,
+        topology=TopologyPlan(
+            single_numa_node_compatible=topology.single_numa_node_compatible,
+            reasons=list(topology.reasons),
+            pods_per_node=topology.pods_per_node,
+        ),
+        warnings=warnings,
+    )
+    return status.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def cache_tiers(p: Plan) -> list[dict[str, Any]]:
+    """The status ``cache.tiers`` block for a plan (capacities per pod)."""
+    host = p.sizing.host_pool_per_rank * p.sizing.ranks
+    tiers = [CacheTier(tier="L2", capacity_bytes=host)]
+    if p.sizing.dram_total:
+        tiers.append(CacheTier(tier="L3-DRAM", capacity_bytes=p.sizing.dram_total))
+    if p.ssd.enabled:
+        tiers.append(CacheTier(tier="L3-SSD", capacity_bytes=p.ssd.capacity))
+    return [t.model_dump(by_alias=True, exclude_none=True) for t in tiers]
+
+
+def sidecar_lines(p: Plan) -> list[str]:
+    return [
+        f"{c.name}: {shlex.join(standalone_server_command(SIDECAR_MEDIUM[c.name]))}"
+        for c in p.sizing.containers[1:]
+    ]
+
+
+__all__ = ["SOCKET_DIR", "Plan", "SpecError", "cache_tiers", "human_bytes", "plan"]

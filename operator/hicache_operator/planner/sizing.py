@@ -1,0 +1,301 @@
+"""Pod sizing: hugepages, memory, /dev/shm, CPUs and the per-rank byte budgets (DESIGN §5).
+
+Notation: R ranks per pod (= GPUs per pod), H host pool per rank, P_h its hugepage size (0 for
+4 KiB pages), D the UMBP DRAM per pod, P_d its hugepage size, S the SSD tier per pod.
+
+* Host pool per rank: ``H_r = roundup(H, P_h)``; the allocator maps whole hugepages.
+* UMBP DRAM: embedded mode splits it per rank, ``D_r = floor(D / R / page) * page`` (page = P_d
+  or 4 KiB), never more than asked; standalone mode runs one DRAM server with
+  ``floor(D / page) * page``.
+* hugepages-<P> of a container = sum of the pools it maps that are backed by P-sized pages
+  (engine: ``R * H_r`` and, embedded, ``R * D_r``; standalone DRAM sidecar: its pool); always a
+  multiple of P, requests == limits, not part of the memory limit.
+* /dev/shm (auto) = ``max(16 GiB, 4 GiB * R)``; an emptyDir ``medium: Memory`` whose pages count
+  against the engine's memory limit.
+* engine memory (auto) = ``roundup_GiB(1.1 * (16 GiB + 12 GiB * R) + shm + 4 KiB-backed pools)``:
+  process overhead per rank (Python, ROCm runtime, SGLang scheduler) with 10 % headroom, the
+  tmpfs, and the pools not in hugepages (sized exactly, no headroom on them). An explicit
+  memory must cover ``shm + 4 KiB-backed pools + 4 GiB``.
+* engine CPUs (auto) = ``4 + 8 * R``; each standalone sidecar gets 2 CPUs and 2 GiB (SSD: 4 GiB
+  for its staging buffers) plus its 4 KiB-backed pool. Every container has integer CPUs and
+  requests == limits, so the pod is Guaranteed QoS and the static CPU / Memory Managers can
+  align it.
+* Node fit: ``sum(hugepages) + sum(memory) <= node memory``, ``sum(cpu) <= node cpus``,
+  ``R <= node GPUs``, ``sum(hugepages) <= policy.maxHugepagesPerPod``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..api.config import OperatorConfig
+from ..api.quantity import format_bytes, human_bytes, parse_bytes, round_up
+from ..api.spec import SGLangHiCacheSpec
+from .errors import Problems
+
+KIB = 1024
+GIB = 1024**3
+PAGE_4K = 4 * KIB
+HUGEPAGE_BYTES = {"none": 0, "2Mi": 2 * 1024**2, "1Gi": GIB}
+
+ENGINE_BASE_MEMORY = 16 * GIB
+ENGINE_MEMORY_PER_RANK = 12 * GIB
+ENGINE_MIN_PROCESS_MEMORY = 4 * GIB
+MEMORY_HEADROOM = (11, 10)  # x 1.1
+ENGINE_BASE_CPU = 4
+ENGINE_CPU_PER_RANK = 8
+SHM_MIN = 16 * GIB
+SHM_PER_RANK = 4 * GIB
+SIDECAR_CPU = 2
+SIDECAR_MEMORY = {"dram": 2 * GIB, "ssd": 4 * GIB}
+
+
+def hugepage_resource(page_bytes: int) -> str:
+    """``hugepages-2Mi`` / ``hugepages-1Gi``."""
+    return f"hugepages-{format_bytes(page_bytes)}"
+
+
+@dataclass(frozen=True)
+class ContainerSizing:
+    name: str
+    cpu: int
+    memory_bytes: int
+    hugepages: dict[int, int] = field(default_factory=dict)  # page size -> bytes
+    gpus: int = 0
+
+    def resources(self, gpu_resource: str) -> dict[str, str]:
+        """requests == limits for every resource (Guaranteed QoS)."""
+        res = {"cpu": str(self.cpu), "memory": format_bytes(self.memory_bytes)}
+        for page, amount in sorted(self.hugepages.items()):
+            if amount:
+                res[hugepage_resource(page)] = format_bytes(amount)
+        if self.gpus:
+            res[gpu_resource] = str(self.gpus)
+        return res
+
+
+@dataclass(frozen=True)
+class PodSizing:
+    ranks: int
+    host_pool_per_rank: int
+    host_page: int
+    dram_total: int
+    dram_per_rank: int
+    dram_page: int
+    ssd_total: int
+    ssd_per_rank: int
+    shm_bytes: int
+    containers: tuple[ContainerSizing, ...]
+    arithmetic: tuple[str, ...]
+
+    @property
+    def engine(self) -> ContainerSizing:
+        return self.containers[0]
+
+    @property
+    def cpu_total(self) -> int:
+        return sum(c.cpu for c in self.containers)
+
+    @property
+    def memory_total(self) -> int:
+        return sum(c.memory_bytes for c in self.containers)
+
+    @property
+    def hugepages_total(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for c in self.containers:
+            for page, amount in c.hugepages.items():
+                out[page] = out.get(page, 0) + amount
+        return {p: a for p, a in out.items() if a}
+
+    def hugepages_display(self) -> str:
+        pages = self.hugepages_total
+        if not pages:
+            return "0"
+        return " + ".join(
+            f"{format_bytes(a)} ({format_bytes(p)})" for p, a in sorted(pages.items())
+        )
+
+
+def _add(hp: dict[int, int], page: int, amount: int) -> None:
+    if page and amount:
+        hp[page] = hp.get(page, 0) + amount
+
+
+def size_pod(
+    spec: SGLangHiCacheSpec, ranks: int, ssd_bytes: int, config: OperatorConfig, problems: Problems
+) -> PodSizing:
+    """Compute every container's resources; impossible combinations become problems."""
+    lines: list[str] = []
+    hc, l3, res = spec.hi_cache, spec.l3, spec.resources
+    standalone = l3.mode == "standalone"
+
+    host_page = HUGEPAGE_BYTES[hc.host_allocator.huge_page_size]
+    host_raw = (
+        parse_bytes(hc.host_pool_per_rank, field="hostPoolPerRank")
+        if hc.host_pool_per_rank is not None
+        else 0
+    )
+    host_r = round_up(host_raw, host_page)
+    if host_r != host_raw:
+        lines.append(
+            f"host pool per rank {host_raw} B rounded up to {host_r} B "
+            f"(multiple of {format_bytes(host_page)} pages)"
+        )
+
+    dram_page = HUGEPAGE_BYTES[l3.dram.huge_page_size]
+    dram_unit = dram_page or PAGE_4K
+    dram_raw = parse_bytes(l3.dram.capacity, field="l3.dram.capacity")
+    if standalone:
+        dram_total = dram_raw // dram_unit * dram_unit
+        dram_r = 0
+    else:
+        dram_r = dram_raw // ranks // dram_unit * dram_unit
+        dram_total = dram_r * ranks
+        if dram_raw and not dram_r:
+            problems.add(
+                "spec.l3.dram.capacity",
+                f"{dram_raw} B / {ranks} ranks is less than one "
+                f"{format_bytes(dram_unit)} page per rank",
+            )
+    if dram_total != dram_raw:
+        lines.append(
+            f"UMBP DRAM {dram_raw} B -> {dram_total} B (whole "
+            f"{format_bytes(dram_unit)} pages{'' if standalone else ' per rank'})"
+        )
+    ssd_r = 0 if standalone else ssd_bytes // ranks
+
+    shm = _shm(spec, ranks, lines)
+
+    engine_hp: dict[int, int] = {}
+    _add(engine_hp, host_page, host_r * ranks)
+    four_k_pools = 0 if host_page else host_r * ranks
+    if not standalone:
+        _add(engine_hp, dram_page, dram_total)
+        four_k_pools += 0 if dram_page else dram_total
+    if engine_hp:
+        lines.append(
+            "engine hugepages = "
+            + " + ".join(f"{format_bytes(p)}: {a} B" for p, a in sorted(engine_hp.items()))
+        )
+        if host_r:
+            lines.append(
+                f"  host pool {ranks} ranks x {host_r} B = {ranks * host_r} B"
+                + (" (hugepages)" if host_page else " (4 KiB pages, in memory)")
+            )
+
+    engine_mem = _engine_memory(spec, ranks, shm, four_k_pools, problems, lines)
+    engine_cpu = (
+        ENGINE_BASE_CPU + ENGINE_CPU_PER_RANK * ranks if res.cpu == "auto" else int(res.cpu)
+    )
+    if res.cpu == "auto":
+        lines.append(
+            f"engine cpu = {ENGINE_BASE_CPU} + {ENGINE_CPU_PER_RANK} x {ranks} ranks = {engine_cpu}"
+        )
+    containers = [ContainerSizing("engine", engine_cpu, engine_mem, engine_hp, gpus=ranks)]
+
+    if standalone and dram_total:
+        hp: dict[int, int] = {}
+        _add(hp, dram_page, dram_total)
+        mem = SIDECAR_MEMORY["dram"] + (0 if dram_page else dram_total)
+        containers.append(ContainerSizing("umbp-dram", SIDECAR_CPU, mem, hp))
+    if standalone and ssd_bytes:
+        containers.append(ContainerSizing("umbp-ssd", SIDECAR_CPU, SIDECAR_MEMORY["ssd"]))
+
+    sizing = PodSizing(
+        ranks=ranks,
+        host_pool_per_rank=host_r,
+        host_page=host_page,
+        dram_total=dram_total,
+        dram_per_rank=dram_r,
+        dram_page=dram_page,
+        ssd_total=ssd_bytes,
+        ssd_per_rank=ssd_r,
+        shm_bytes=shm,
+        containers=tuple(containers),
+        arithmetic=tuple(lines),
+    )
+    _check_fit(sizing, config, problems)
+    return sizing
+
+
+def _shm(spec: SGLangHiCacheSpec, ranks: int, lines: list[str]) -> int:
+    if spec.resources.shm_size != "auto":
+        return parse_bytes(spec.resources.shm_size, field="resources.shmSize")
+    shm = max(SHM_MIN, SHM_PER_RANK * ranks)
+    lines.append(
+        f"/dev/shm = max({format_bytes(SHM_MIN)}, {format_bytes(SHM_PER_RANK)} x "
+        f"{ranks} ranks) = {format_bytes(shm)}"
+    )
+    return shm
+
+
+def _engine_memory(
+    spec: SGLangHiCacheSpec,
+    ranks: int,
+    shm: int,
+    four_k_pools: int,
+    problems: Problems,
+    lines: list[str],
+) -> int:
+    minimum = shm + four_k_pools + ENGINE_MIN_PROCESS_MEMORY
+    if spec.resources.memory != "auto":
+        mem = parse_bytes(spec.resources.memory, field="resources.memory")
+        if mem < minimum:
+            problems.add(
+                "spec.resources.memory",
+                f"{spec.resources.memory} ({mem} B) is below what the engine needs outside "
+                f"hugepages: /dev/shm {shm} B + 4 KiB-backed pools {four_k_pools} B + "
+                f"{ENGINE_MIN_PROCESS_MEMORY} B process = {minimum} B",
+            )
+        return mem
+    if spec.hi_cache.host_pool_ratio is not None:
+        problems.add(
+            "spec.resources.memory",
+            "hostPoolRatio leaves the host pool size to "
+            "SGLang, so the operator cannot size memory: set resources.memory "
+            "explicitly (it must hold the whole host pool)",
+        )
+    overhead = ENGINE_BASE_MEMORY + ENGINE_MEMORY_PER_RANK * ranks
+    num, den = MEMORY_HEADROOM
+    mem = round_up(-(-overhead * num // den) + shm + four_k_pools, GIB)
+    lines.append(
+        f"engine memory = roundup_GiB(1.1 x ({format_bytes(ENGINE_BASE_MEMORY)} + "
+        f"{format_bytes(ENGINE_MEMORY_PER_RANK)} x {ranks} ranks) + shm {format_bytes(shm)} + "
+        f"4 KiB-backed pools {four_k_pools} B) = {format_bytes(mem)}"
+    )
+    return mem
+
+
+def _check_fit(s: PodSizing, config: OperatorConfig, problems: Problems) -> None:
+    facts, policy = config.node_facts, config.policy
+    hp_total = sum(s.hugepages_total.values())
+    node_mem = facts.memory_bytes
+    if hp_total + s.memory_total > node_mem:
+        # Point at the biggest contributor: the host pool, the UMBP DRAM or explicit memory.
+        host = s.host_pool_per_rank * s.ranks
+        path = "spec.hiCache.hostPoolPerRank" if host >= s.dram_total else "spec.l3.dram.capacity"
+        problems.add(
+            path,
+            f"the pod needs hugepages {hp_total} B ({human_bytes(hp_total)}) + memory "
+            f"{s.memory_total} B ({human_bytes(s.memory_total)}) = "
+            f"{hp_total + s.memory_total} B, more than the node's {node_mem} B "
+            f"({human_bytes(node_mem)}, {facts.gpu_model} node facts)",
+        )
+    max_hp = policy.max_hugepages_bytes
+    if hp_total > max_hp:
+        problems.add(
+            "spec.hiCache.hostPoolPerRank",
+            f"hugepages per pod {hp_total} B ({human_bytes(hp_total)}) exceed the admin policy "
+            f"maxHugepagesPerPod {policy.max_hugepages_per_pod} ({max_hp} B)",
+        )
+    if s.cpu_total > facts.cpus:
+        problems.add(
+            "spec.resources.cpu",
+            f"the pod needs {s.cpu_total} CPUs (all containers), the node has {facts.cpus}",
+        )
+    if s.ranks > facts.gpus_per_node:
+        problems.add(
+            "spec.engine",
+            f"{s.ranks} GPUs per pod > {facts.gpus_per_node} GPUs on a {facts.gpu_model} node",
+        )

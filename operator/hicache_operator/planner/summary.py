@@ -1,0 +1,97 @@
+"""The ten-second summary of a plan (``plan -o summary``)."""
+
+from __future__ import annotations
+
+import shlex
+from typing import TYPE_CHECKING
+
+from ..api.quantity import format_bytes, human_bytes
+from .sizing import hugepage_resource
+
+if TYPE_CHECKING:
+    from .plan import Plan
+
+
+def _bytes(n: int) -> str:
+    return f"{human_bytes(n)} ({n} B)" if n else "0"
+
+
+def render_summary(p: Plan) -> str:
+    s, spec, facts = p.sizing, p.spec, p.config.node_facts
+    out: list[str] = []
+    add = out.append
+    add(
+        f"SGLangHiCache {p.namespace}/{p.name}: {spec.replicas} pod(s) x {s.ranks} GPU(s) "
+        f"{p.gpu_model.name} (device ids {', '.join(p.gpu_model.device_ids)}), "
+        f"L3 {spec.l3.mode}"
+    )
+    add(f"model: {spec.model.path}   image: {spec.image or p.config.default_image}")
+    add("")
+    add("Per pod (requests == limits, Guaranteed QoS):")
+    for c in s.containers:
+        parts = [f"cpu {c.cpu}", f"memory {format_bytes(c.memory_bytes)}"]
+        parts += [
+            f"{hugepage_resource(pg)} {format_bytes(a)}"
+            for pg, a in sorted(c.hugepages.items())
+            if a
+        ]
+        if c.gpus:
+            parts.append(f"{p.config.gpu_resource_name} {c.gpus}")
+        add(f"  {c.name:<10} " + "   ".join(parts))
+    add(
+        f"  {'total':<10} cpu {s.cpu_total}   memory {format_bytes(s.memory_total)}   "
+        f"hugepages {s.hugepages_display()}"
+    )
+    add(
+        f"  /dev/shm   {format_bytes(s.shm_bytes)} (emptyDir medium Memory, inside the engine's "
+        f"memory limit)"
+    )
+    add("Arithmetic:")
+    for line in (*s.arithmetic, *p.ssd.arithmetic):
+        add(f"  {line}")
+    add("")
+    add(
+        f"Ranks (assumed {facts.gpu_model} node: {facts.gpus_per_node} GPUs, {facts.numa_nodes} "
+        f"NUMA nodes, {facts.gpus_per_numa_node} GPUs per NUMA node; NUMA resolved in the pod, "
+        f"numa: {spec.hi_cache.host_allocator.numa}):"
+    )
+    add(f"  {'rank':<5}{'gpu':<5}{'numa':<6}{'host pool':<28}{'UMBP DRAM':<28}SSD")
+    pool = (
+        _bytes(s.host_pool_per_rank)
+        if s.host_pool_per_rank
+        else f"ratio {spec.hi_cache.host_pool_ratio}"
+    )
+    standalone = spec.l3.mode == "standalone"
+    dram = "shared server" if standalone else _bytes(s.dram_per_rank)
+    ssd = "shared server" if standalone else _bytes(s.ssd_per_rank)
+    for r in p.topology.ranks:
+        add(f"  {r.rank:<5}{r.gpu:<5}{r.numa_node:<6}{pool:<28}{dram:<28}{ssd}")
+    verdict = "yes" if p.topology.single_numa_node_compatible else "NO"
+    add(
+        f"single-numa-node compatible: {verdict}; pods of this size per node: "
+        f"{p.topology.pods_per_node}"
+    )
+    add("")
+    if p.ssd.enabled:
+        size = f"{format_bytes(p.ssd.volume_bytes)} " if p.ssd.volume_bytes else ""
+        add(
+            f"SSD: {p.ssd.kind} {size}mounted at {p.ssd.mount_path}; tier "
+            f"{_bytes(p.ssd.capacity)}; dirs {', '.join(p.ssd.rank_dirs)}"
+        )
+    else:
+        add("SSD: disabled")
+    if standalone:
+        from .plan import sidecar_lines
+
+        add("Standalone UMBP sidecars (native sidecars, survive engine restarts):")
+        for line in sidecar_lines(p):
+            add(f"  {line}")
+    add("")
+    add("SGLang command (rendered by the launcher from this env; NUMA resolved in the pod):")
+    add(f"  {shlex.join(p.engine.sglang_argv)}")
+    add("")
+    add("Warnings:" if p.warnings else "Warnings: none")
+    for w in p.warnings:
+        add(f"  - {w}")
+    add("Objects: " + ", ".join(f"{o['kind']}/{o['metadata']['name']}" for o in p.objects))
+    return "\n".join(out) + "\n"
