@@ -209,6 +209,14 @@ BAD_CRS = {
         "spec.l3.ssd",
         "needs capacity and volume",
     ),
+    "standalone_posix_ssd": (
+        lambda s: (
+            s["l3"].update(mode="standalone", dram={"capacity": "64Gi"}),
+            s["l3"]["ssd"].update(ioBackend="posix"),
+        ),
+        "spec.l3",
+        "posix cannot be honoured in standalone mode",
+    ),
 }
 
 

@@ -343,6 +343,17 @@ class Eviction(ApiModel):
 class L3(ApiModel):
     """HiCache L3 on AMD MORI UMBP."""
 
+    model_config = _rules(
+        (
+            "!has(self.mode) || self.mode != 'standalone' || !has(self.ssd) || "
+            "!has(self.ssd.enabled) || !self.ssd.enabled || !has(self.ssd.ioBackend) || "
+            "self.ssd.ioBackend == 'io_uring'",
+            "ssd.ioBackend posix cannot be honoured in standalone mode: the "
+            "umbp_standalone_server of mori 1.2.4 always uses io_uring (and falls back to "
+            "posix by itself); use io_uring or mode embedded",
+        ),
+    )
+
     mode: Literal["embedded", "standalone"] = Field(
         default="embedded",
         description="embedded: UMBP in the SGLang process; standalone: one "

@@ -135,6 +135,13 @@ def check_cross_field_rules(spec: SGLangHiCacheSpec, problems: Problems) -> None
             "hostAllocator.hugePageSize none",
         )
     ssd = spec.l3.ssd
+    if spec.l3.mode == "standalone" and ssd.enabled and ssd.io_backend != "io_uring":
+        problems.add(
+            "spec.l3",
+            "ssd.ioBackend posix cannot be honoured in standalone mode: the "
+            "umbp_standalone_server of mori 1.2.4 always uses io_uring (and falls back to "
+            "posix by itself); use io_uring or mode embedded",
+        )
     if ssd.enabled and (ssd.capacity is None or ssd.volume is None):
         problems.add("spec.l3.ssd", "an enabled SSD tier needs capacity and volume")
     if ssd.volume is not None:
