@@ -1,0 +1,410 @@
+"""The zero-copy UMBP page store SGLang's adapter calls: pages in, per-page booleans out.
+
+A page is one SGLang host-pool page, made of ``len(keys.parts)`` host buffers (K and V for MHA
+page-first layouts, one buffer for MLA). :class:`UMBPStore` maps pages to namespaced keys
+(:mod:`hicache_umbp.keys`), hands mori the caller's pointers (no copy in Python), batches in as few
+client calls as the client allows, and folds per-key results back into per-page booleans: a page
+is stored or found only if every one of its parts is.
+
+Contract for callers (SGLang's prefetch and backup threads):
+
+* the batch methods never raise and never return ``None``; they return one boolean per page
+  (``batch_exists``: the number of leading pages present);
+* empty batches return at once without touching the client;
+* client exceptions, ``False`` entries, ``None`` or malformed results become ``False`` pages and
+  one rate-limited warning per failure kind (see :mod:`hicache_umbp.ratelimit`); nothing is
+  logged per call on success.
+
+Thread safety: methods may be called from several threads at once; the mori client serialises
+what it must, counters are updated under a lock once per batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from .client import UMBPClientLike
+from .keys import KeyScheme
+from .ratelimit import RateLimitedLog
+
+if TYPE_CHECKING:
+    from .config import RankConfig
+
+log = logging.getLogger(__name__)
+
+PagePointers = Sequence[tuple[int, int]]  # one (ptr, size) per key part of a page
+
+
+@dataclass
+class StoreStats:
+    """Counters since the store was built (pages and bytes are the caller's pages)."""
+
+    pages_set: int = 0  # pages acknowledged by batch_set
+    bytes_set: int = 0
+    set_failures: int = 0  # pages batch_set reported as not stored
+    pages_get: int = 0  # hits: pages batch_get filled completely
+    bytes_get: int = 0
+    get_misses: int = 0  # pages batch_get could not fill
+    exists_queries: int = 0  # pages asked about in batch_exists
+    exists_hits: int = 0  # leading pages batch_exists reported present
+    client_calls: int = 0  # calls made into the UMBP client (batch and registration)
+    errors: dict[str, int] = field(default_factory=dict)  # failures by kind
+
+
+class UMBPStore:
+    """Batch page I/O over one UMBP client (embedded, standalone or tiered).
+
+    ``max_batch_pages`` bounds the pages per client call (``None``: one call per batch); the
+    SSD path needs it because mori's SSD node stages each key of a batch in one of a fixed
+    number of staging slots. :func:`build_store` picks it.
+    """
+
+    def __init__(
+        self,
+        client: UMBPClientLike,
+        keys: KeyScheme,
+        *,
+        log_interval_s: float = 30.0,
+        max_batch_pages: int | None = None,
+        on_close: Callable[[], None] | None = None,
+        owns_client: bool = True,
+    ) -> None:
+        if max_batch_pages is not None and max_batch_pages < 1:
+            raise ValueError(f"max_batch_pages={max_batch_pages!r} must be >= 1 or None")
+        self._client = client
+        self._keys = keys
+        self._parts = keys.parts_per_page
+        self._max_batch_pages = max_batch_pages
+        self._on_close = on_close
+        self._owns_client = owns_client
+        self._log_interval_s = log_interval_s
+        self._warn = RateLimitedLog(log, log_interval_s)
+        self._lock = threading.Lock()
+        self._stats = StoreStats()
+        self._registered: dict[int, int] = {}
+        self._closed = False
+
+    @property
+    def keys(self) -> KeyScheme:
+        return self._keys
+
+    @property
+    def client(self) -> UMBPClientLike:
+        return self._client
+
+    @property
+    def max_batch_pages(self) -> int | None:
+        return self._max_batch_pages
+
+    def sibling(self, keys: KeyScheme) -> UMBPStore:
+        """A store over the same client and batching with another key scheme (e.g. one per
+        split-head group); closing it deregisters its buffers but leaves the client open."""
+        return UMBPStore(
+            self._client,
+            keys,
+            log_interval_s=self._log_interval_s,
+            max_batch_pages=self._max_batch_pages,
+            owns_client=False,
+        )
+
+    # ------------------------------------------------------------------ registration
+
+    def register_buffer(self, ptr: int, size: int) -> bool:
+        """Register a host buffer with the client once (later calls for it return True)."""
+        if self._closed:
+            self._fail("closed", "register_buffer called after close()")
+            return False
+        if self._registered.get(ptr) == size:
+            return True
+        try:
+            self._count_call()
+            ok = self._client.register_memory(ptr, size)
+        except Exception as e:
+            self._fail("register_exception", "register_memory(%#x, %d) raised %r", ptr, size, e)
+            return False
+        if ok is not True:
+            self._fail("register_rejected", "register_memory(%#x, %d) returned %r", ptr, size, ok)
+            return False
+        self._registered[ptr] = size
+        return True
+
+    # ------------------------------------------------------------------ data path
+
+    def batch_set(self, hashes: Sequence[str], parts: Sequence[PagePointers]) -> list[bool]:
+        """Store pages: ``parts[i]`` holds one (ptr, size) per key part of page ``hashes[i]``.
+
+        Returns one boolean per page. mori keys are write-once: setting a page that is already
+        stored returns True and keeps the stored bytes.
+        """
+        n = len(hashes)
+        if n == 0:
+            return []
+        results = self._transfer("put", hashes, parts)
+        stored = sum(results)
+        nbytes = self._page_bytes(parts, results)
+        with self._lock:
+            s = self._stats
+            s.pages_set += stored
+            s.bytes_set += nbytes
+            s.set_failures += n - stored
+        return results
+
+    def batch_get(self, hashes: Sequence[str], parts: Sequence[PagePointers]) -> list[bool]:
+        """Fill the caller's buffers with stored pages; True where every part was found.
+
+        A page reported False may have been partly written into its buffers; the caller must
+        treat those buffers as garbage (SGLang does: it only uses hit pages).
+        """
+        n = len(hashes)
+        if n == 0:
+            return []
+        results = self._transfer("get", hashes, parts)
+        hits = sum(results)
+        nbytes = self._page_bytes(parts, results)
+        with self._lock:
+            s = self._stats
+            s.pages_get += hits
+            s.bytes_get += nbytes
+            s.get_misses += n - hits
+        return results
+
+    def batch_exists(self, hashes: Sequence[str]) -> int:
+        """How many leading pages of ``hashes`` are present with all of their parts."""
+        n = len(hashes)
+        if n == 0:
+            return 0
+        present = 0
+        if self._closed:
+            self._fail("closed", "batch_exists called after close()")
+        else:
+            keys = self._keys.batch_keys(hashes)
+            try:
+                self._count_call()
+                count: Any = self._client.batch_exists_consecutive(keys)
+            except Exception as e:
+                self._fail("exists_exception", "batch_exists_consecutive raised %r", e)
+                count = 0
+            if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= len(
+                keys
+            ):
+                self._fail(
+                    "exists_bad_result",
+                    "batch_exists_consecutive returned %r for %d keys",
+                    count,
+                    len(keys),
+                )
+                count = 0
+            present = count // self._parts
+        with self._lock:
+            self._stats.exists_queries += n
+            self._stats.exists_hits += present
+        return present
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def stats(self) -> StoreStats:
+        """A snapshot of the counters."""
+        with self._lock:
+            return replace(self._stats, errors=dict(self._stats.errors))
+
+    def flush(self) -> bool:
+        """Ask the client to persist what it buffers (tiered: drain the write-back queue)."""
+        try:
+            self._count_call()
+            return self._client.flush() is True
+        except Exception as e:
+            self._fail("flush_exception", "flush raised %r", e)
+            return False
+
+    def close(self) -> None:
+        """Deregister buffers and release the client; idempotent, never raises."""
+        if self._closed:
+            return
+        self._closed = True
+        for ptr in list(self._registered):
+            try:
+                self._count_call()
+                self._client.deregister_memory(ptr)
+            except Exception as e:
+                self._fail("deregister_exception", "deregister_memory(%#x) raised %r", ptr, e)
+        self._registered.clear()
+        if not self._owns_client:
+            return
+        closer = getattr(self._client, "close", None)
+        try:
+            if callable(closer):
+                closer()
+            if self._on_close is not None:
+                self._on_close()
+        except Exception as e:
+            self._fail("close_exception", "closing the client raised %r", e)
+
+    # ------------------------------------------------------------------ internals
+
+    def _transfer(
+        self, op: str, hashes: Sequence[str], parts: Sequence[PagePointers]
+    ) -> list[bool]:
+        n = len(hashes)
+        if self._closed:
+            self._fail("closed", "batch_%s called after close()", op)
+            return [False] * n
+        if len(parts) != n:
+            self._fail(
+                "bad_input", "batch_%s got %d hashes but %d page pointer lists", op, n, len(parts)
+            )
+            return [False] * n
+        nparts = self._parts
+        results = [False] * n
+        # Pages with the wrong number of (ptr, size) pairs are refused; the rest go through.
+        valid = [i for i in range(n) if len(parts[i]) == nparts]
+        if len(valid) != n:
+            self._fail(
+                "bad_input",
+                "batch_%s: %d pages do not have exactly %d (ptr, size) parts",
+                op,
+                n - len(valid),
+                nparts,
+            )
+        step = self._max_batch_pages or len(valid) or 1
+        call = (
+            self._client.batch_put_from_ptr if op == "put" else self._client.batch_get_into_ptr
+        )
+        for start in range(0, len(valid), step):
+            pages = valid[start : start + step]
+            keys = self._keys.batch_keys([hashes[i] for i in pages])
+            ptrs = [p for i in pages for p, _ in parts[i]]
+            sizes = [s for i in pages for _, s in parts[i]]
+            key_ok = self._call(op, call, keys, ptrs, sizes)
+            for j, i in enumerate(pages):
+                base = j * nparts
+                results[i] = all(key_ok[base : base + nparts])
+        return results
+
+    def _call(
+        self,
+        op: str,
+        call: Callable[[Sequence[str], Sequence[int], Sequence[int]], list[bool]],
+        keys: list[str],
+        ptrs: list[int],
+        sizes: list[int],
+    ) -> list[bool]:
+        n = len(keys)
+        try:
+            self._count_call()
+            got: Any = call(keys, ptrs, sizes)
+        except Exception as e:
+            self._fail(f"{op}_exception", "batch_%s of %d keys raised %r", op, n, e)
+            return [False] * n
+        if got is None or not hasattr(got, "__len__") or len(got) != n:
+            self._fail(f"{op}_bad_result", "batch_%s of %d keys returned %r", op, n, got)
+            return [False] * n
+        ok = [r is True for r in got]
+        if op == "put" and not all(ok):
+            self._fail(
+                "put_rejected",
+                "the store refused %d of %d keys (full, or a bad pointer/size)",
+                n - sum(ok),
+                n,
+            )
+        return ok
+
+    def _page_bytes(self, parts: Sequence[PagePointers], results: list[bool]) -> int:
+        total = 0
+        for i, ok in enumerate(results):
+            if ok:
+                total += sum(size for _, size in parts[i])
+        return total
+
+    def _count_call(self) -> None:
+        with self._lock:
+            self._stats.client_calls += 1
+
+    def _fail(self, kind: str, msg: str, *args: object) -> None:
+        with self._lock:
+            self._stats.errors[kind] = self._stats.errors.get(kind, 0) + 1
+        self._warn.warn(kind, msg, *args)
+
+
+def build_store(
+    rank_config: RankConfig,
+    *,
+    model_id: str,
+    tp_size: int,
+    rank: int,
+    parts: tuple[str, ...],
+    value_bytes: int | None = None,
+) -> UMBPStore:
+    """The store for one rank as the configuration asks (needs the real mori).
+
+    One medium configured: the mori client for it (embedded DRAM, embedded SSD node, or the
+    standalone server of that medium). DRAM and SSD both configured: a
+    :class:`~hicache_umbp.tiers.TieredClient` over the two, with ``umbp_tier_write_policy``,
+    ``umbp_tier_queue_pages`` and ``umbp_promote_on_hit``.
+
+    ``model_id`` is used when ``umbp_model_id`` is empty; ``rank`` is the rank's position in the
+    key scheme (TP rank, or the global rank with DP attention); ``parts`` is ``("k", "v")`` for
+    MHA and ``("kv",)`` for MLA; ``value_bytes`` is the size of one page part (the largest value
+    the SSD path must stage; default: the client module's default slot size).
+    """
+    from .client import SSD_VALUE_BYTES_DEFAULT, OpenedClient, configured_media, make_client
+    from .tiers import MemfdStaging, MoriShmStaging, TieredClient
+
+    cfg = rank_config.config
+    keys = KeyScheme(
+        namespace=cfg.umbp_namespace,
+        model_id=cfg.umbp_model_id or model_id,
+        tp_size=tp_size,
+        rank=rank,
+        parts=parts,
+    )
+    ssd_value_bytes = value_bytes or SSD_VALUE_BYTES_DEFAULT
+    media = configured_media(rank_config)
+    opened: list[OpenedClient] = []
+
+    def close_all() -> None:
+        for o in reversed(opened):
+            o.close()
+
+    try:
+        for medium in media:
+            opened.append(make_client(rank_config, medium, ssd_value_bytes=ssd_value_bytes))
+    except BaseException:
+        close_all()
+        raise
+    max_pages: int | None = None
+    if len(opened) == 1:
+        client: UMBPClientLike = opened[0].client
+        if opened[0].max_batch_keys is not None:
+            max_pages = max(1, opened[0].max_batch_keys // keys.parts_per_page)
+    else:
+        dram, ssd = opened
+        client = TieredClient(
+            dram.client,
+            ssd.client,
+            write_policy=cfg.umbp_tier_write_policy,
+            # The write-back ring holds umbp_tier_queue_pages whole pages.
+            queue_keys=cfg.umbp_tier_queue_pages * keys.parts_per_page,
+            queue_bytes=cfg.umbp_tier_queue_pages * keys.parts_per_page * ssd_value_bytes,
+            promote_on_hit=cfg.umbp_promote_on_hit,
+            ssd_max_batch_keys=ssd.max_batch_keys,
+            log_interval_s=cfg.umbp_log_interval_s,
+            # Standalone servers accept only mori-allocated AnonymousShm buffers.
+            staging=MoriShmStaging if cfg.umbp_mode == "standalone" else MemfdStaging,
+        )
+    log.info(
+        "UMBP store for rank %d: %s; keys %s",
+        rank,
+        " in front of ".join(o.description for o in opened),
+        keys.page_keys("<page>")[0],
+    )
+    return UMBPStore(
+        client,
+        keys,
+        log_interval_s=cfg.umbp_log_interval_s,
+        max_batch_pages=max_pages,
+        on_close=close_all,
+    )

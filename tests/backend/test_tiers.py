@@ -1,0 +1,297 @@
+"""TieredClient (DRAM in front of SSD) over two in-process UMBP doubles.
+
+Real: the tiering policy, its write-back thread, memfd staging buffer and bounded queue, the
+store on top, and the bytes. Faked: the two mori clients, replaced by ``MemoryUMBPClient``
+doubles (DRAM: plain; SSD: ``max_batch=16`` like mori's staging slots), which pass the same
+contract suite as real mori. ``test_tiers_mori.py`` repeats the larger-than-DRAM scenario on
+real mori clients.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from collections.abc import Sequence
+
+import pytest
+from hicache_umbp.keys import MHA_PARTS, KeyScheme
+from hicache_umbp.memory_client import MemoryUMBPClient
+from hicache_umbp.store import UMBPStore
+from hicache_umbp.tiers import TieredClient
+
+SIZE = 4096
+
+
+class GatedSsd(MemoryUMBPClient):
+    """An SSD double whose puts from the write-back thread wait for ``gate``."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity, max_batch=16)
+        self.gate = threading.Event()
+        self.writer_waiting = threading.Event()
+
+    def batch_put_from_ptr(
+        self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int]
+    ) -> list[bool]:
+        if threading.current_thread().name == "hicache-tier-writeback":
+            self.writer_waiting.set()
+            self.gate.wait()
+        return super().batch_put_from_ptr(keys, ptrs, sizes)
+
+
+class Buf:
+    def __init__(self, n: int, size: int = SIZE) -> None:
+        self.n, self.size = n, size
+        self.mem = ctypes.create_string_buffer(os.urandom(n * size), n * size)
+        self.base = ctypes.addressof(self.mem)
+
+    def ptrs(self, idx: Sequence[int] | None = None) -> list[int]:
+        return [self.base + i * self.size for i in (range(self.n) if idx is None else idx)]
+
+    def sizes(self, k: int) -> list[int]:
+        return [self.size] * k
+
+    def item(self, i: int) -> bytes:
+        return self.mem.raw[i * self.size : (i + 1) * self.size]
+
+
+def keys(n: int, tag: str = "k") -> list[str]:
+    return [f"{tag}{i}" for i in range(n)]
+
+
+def ssd_bytes(ssd: MemoryUMBPClient, key: str, size: int = SIZE) -> bytes | None:
+    out = ctypes.create_string_buffer(size)
+    ok = ssd.batch_get_into_ptr([key], [ctypes.addressof(out)], [size])
+    return out.raw if ok == [True] else None
+
+
+def test_write_back_reaches_ssd_after_flush() -> None:
+    dram, ssd = MemoryUMBPClient(1 << 20), MemoryUMBPClient(1 << 24, max_batch=16)
+    tiers = TieredClient(dram, ssd, write_policy="write_back")
+    src = Buf(40)
+    ks = keys(40)
+    assert tiers.batch_put_from_ptr(ks, src.ptrs(), src.sizes(40)) == [True] * 40
+    assert tiers.flush() is True
+    assert all(ssd_bytes(ssd, k) == src.item(i) for i, k in enumerate(ks))
+    st = tiers.tier_stats()
+    assert (st.writeback_queued, st.writeback_done, st.writeback_failed) == (40, 40, 0)
+    assert ssd.calls["batch_put_from_ptr"] >= 3  # never more than 16 keys per SSD call
+    tiers.close()
+
+
+def test_write_back_never_reads_the_callers_buffer_after_the_put() -> None:
+    """The caller reuses its buffer right after the put: SSD must still get the put bytes."""
+    dram, ssd = MemoryUMBPClient(1 << 20), GatedSsd(1 << 24)
+    tiers = TieredClient(dram, ssd, write_policy="write_back")
+    src = Buf(4)
+    original = [src.item(i) for i in range(4)]
+    assert tiers.batch_put_from_ptr(keys(4), src.ptrs(), src.sizes(4)) == [True] * 4
+    ctypes.memset(src.base, 0xAB, 4 * SIZE)  # SGLang reuses the host slots
+    ssd.gate.set()
+    tiers.flush()
+    assert [ssd_bytes(ssd, k) for k in keys(4)] == original
+    tiers.close()
+
+
+def test_queued_pages_evicted_from_dram_are_served_from_the_ring() -> None:
+    dram, ssd = MemoryUMBPClient(1 << 20), GatedSsd(1 << 24)
+    tiers = TieredClient(dram, ssd)
+    src = Buf(3)
+    assert tiers.batch_put_from_ptr(keys(3), src.ptrs(), src.sizes(3)) == [True] * 3
+    assert ssd.writer_waiting.wait(10)
+    dram._data.clear()  # mori's DRAM evicted them; the SSD write is still in flight
+    assert tiers.batch_exists_consecutive(keys(3)) == 3
+    dst = Buf(3)
+    assert tiers.batch_get_into_ptr(keys(3), dst.ptrs(), dst.sizes(3)) == [True] * 3
+    assert [dst.item(i) for i in range(3)] == [src.item(i) for i in range(3)]
+    assert tiers.tier_stats().ring_hits == 3
+    ssd.gate.set()
+    tiers.close()
+    assert [ssd_bytes(ssd, k) for k in keys(3)] == [src.item(i) for i in range(3)]
+
+
+def test_full_ring_waits_then_falls_back_to_a_synchronous_ssd_write() -> None:
+    dram, ssd = MemoryUMBPClient(1 << 22), GatedSsd(1 << 24)
+    tiers = TieredClient(dram, ssd, queue_keys=3, queue_wait_s=0.01)
+    src = Buf(10)
+    ks = keys(10)
+    assert tiers.batch_put_from_ptr(ks[:2], src.ptrs([0, 1]), src.sizes(2)) == [True] * 2
+    assert ssd.writer_waiting.wait(10)  # the writer holds keys 0-1 and cannot finish
+    # Keys 2-3 do not fit beside them: the put waits, times out and writes through (the
+    # synchronous SSD write is not from the writer thread, so the gate does not hold it).
+    assert tiers.batch_put_from_ptr(ks[2:4], src.ptrs([2, 3]), src.sizes(2)) == [True] * 2
+    assert tiers.batch_put_from_ptr(ks[4:5], src.ptrs([4]), src.sizes(1)) == [True]  # fits
+    # A batch larger than the ring never waits.
+    assert tiers.batch_put_from_ptr(ks[5:], src.ptrs(range(5, 10)), src.sizes(5)) == [True] * 5
+    st = tiers.tier_stats()
+    assert (st.writeback_queued, st.writeback_waits, st.writeback_wait_timeouts) == (3, 1, 1)
+    assert st.ssd_direct_writes == 7
+    assert [ssd_bytes(ssd, k) for k in [ks[2], ks[3], *ks[5:]]] == [
+        src.item(i) for i in [2, 3, 5, 6, 7, 8, 9]
+    ]
+    ssd.gate.set()
+    tiers.close()
+    assert [ssd_bytes(ssd, k) for k in ks] == [src.item(i) for i in range(10)]
+
+
+def test_ring_bytes_bound_the_queue() -> None:
+    dram, ssd = MemoryUMBPClient(1 << 22), GatedSsd(1 << 24)
+    tiers = TieredClient(dram, ssd, queue_bytes=8 * SIZE, queue_wait_s=0.01)
+    src = Buf(12)
+    for i in range(12):
+        assert tiers.batch_put_from_ptr([f"k{i}"], src.ptrs([i]), src.sizes(1)) == [True]
+    st = tiers.tier_stats()
+    assert st.writeback_queued == 8  # 8 x 4 KiB fill the ring; the writer is gated
+    assert st.ssd_direct_writes == 4
+    ssd.gate.set()
+    tiers.close()
+    assert tiers.tier_stats().writeback_done == 8
+    assert [ssd_bytes(ssd, f"k{i}") for i in range(12)] == [src.item(i) for i in range(12)]
+
+
+def test_a_put_waiting_for_room_proceeds_when_the_writer_catches_up() -> None:
+    dram, ssd = MemoryUMBPClient(1 << 22), GatedSsd(1 << 24)
+    tiers = TieredClient(dram, ssd, queue_keys=2, queue_wait_s=60.0)
+    src = Buf(4)
+    tiers.batch_put_from_ptr(keys(2), src.ptrs([0, 1]), src.sizes(2))
+    assert ssd.writer_waiting.wait(10)
+    threading.Timer(0.05, ssd.gate.set).start()  # the writer resumes while the put waits
+    tiers.batch_put_from_ptr(keys(4)[2:], src.ptrs([2, 3]), src.sizes(2))
+    tiers.close()
+    st = tiers.tier_stats()
+    assert (st.writeback_queued, st.writeback_waits, st.writeback_wait_timeouts) == (4, 1, 0)
+    assert (st.ssd_direct_writes, st.writeback_done) == (0, 4)
+
+
+@pytest.mark.parametrize("sizes", [[3000, 5000, 4096, 8000, 1, 12000], [4096] * 7])
+def test_the_ring_wraps_and_keeps_bytes_apart(sizes: list[int]) -> None:
+    """Many rounds of odd sizes through a small ring: every SSD copy is byte-exact."""
+    dram, ssd = MemoryUMBPClient(1 << 20), MemoryUMBPClient(1 << 26, max_batch=16)
+    tiers = TieredClient(dram, ssd, queue_bytes=20000, queue_wait_s=30.0)
+    blobs = []
+    for r in range(30):
+        size = sizes[r % len(sizes)]
+        blob = ctypes.create_string_buffer(os.urandom(size), size)
+        blobs.append(blob)
+        key = f"r{r}"
+        assert tiers.batch_put_from_ptr([key], [ctypes.addressof(blob)], [size]) == [True]
+    tiers.close()
+    for r, blob in enumerate(blobs):
+        assert ssd_bytes(ssd, f"r{r}", len(blob.raw)) == blob.raw
+
+
+def test_write_through_writes_both_tiers_before_returning() -> None:
+    dram, ssd = MemoryUMBPClient(1 << 20), MemoryUMBPClient(1 << 24, max_batch=16)
+    tiers = TieredClient(dram, ssd, write_policy="write_through")
+    src = Buf(20)
+    assert tiers.batch_put_from_ptr(keys(20), src.ptrs(), src.sizes(20)) == [True] * 20
+    assert all(ssd_bytes(ssd, k) == src.item(i) for i, k in enumerate(keys(20)))
+    assert dram.batch_exists(keys(20)) == [True] * 20
+    assert ssd.calls["batch_put_from_ptr"] == 2  # 16 + 4
+    tiers.close()
+
+
+@pytest.mark.parametrize("policy", ["write_back", "write_through"])
+def test_pages_dram_refuses_still_reach_ssd(policy: str) -> None:
+    dram, ssd = MemoryUMBPClient(4 * SIZE), MemoryUMBPClient(1 << 24, max_batch=16)
+    tiers = TieredClient(dram, ssd, write_policy=policy)
+    src = Buf(40)
+    assert tiers.batch_put_from_ptr(keys(40), src.ptrs(), src.sizes(40)) == [True] * 40
+    tiers.flush()
+    dst = Buf(40)
+    assert tiers.batch_get_into_ptr(keys(40), dst.ptrs(), dst.sizes(40)) == [True] * 40
+    assert all(dst.item(i) == src.item(i) for i in range(40))
+    assert tiers.tier_stats().ssd_hits >= 36
+    tiers.close()
+
+
+@pytest.mark.parametrize("promote", [True, False])
+def test_ssd_hits_are_promoted_to_dram(promote: bool) -> None:
+    dram, ssd = MemoryUMBPClient(1 << 20), MemoryUMBPClient(1 << 24, max_batch=16)
+    src = Buf(3)
+    assert ssd.batch_put_from_ptr(keys(3), src.ptrs(), src.sizes(3)) == [True] * 3
+    tiers = TieredClient(dram, ssd, promote_on_hit=promote)
+    dst = Buf(3)
+    assert tiers.batch_get_into_ptr(keys(3), dst.ptrs(), dst.sizes(3)) == [True] * 3
+    assert [dst.item(i) for i in range(3)] == [src.item(i) for i in range(3)]
+    assert dram.batch_exists(keys(3)) == [promote] * 3
+    st = tiers.tier_stats()
+    assert (st.ssd_hits, st.promotions) == (3, 3 if promote else 0)
+    tiers.close()
+
+
+def test_exists_consults_both_tiers() -> None:
+    dram, ssd = MemoryUMBPClient(1 << 20), MemoryUMBPClient(1 << 24, max_batch=16)
+    src = Buf(6)
+    ks = keys(6)
+    dram.batch_put_from_ptr([ks[0], ks[2]], src.ptrs([0, 2]), src.sizes(2))
+    ssd.batch_put_from_ptr([ks[1], ks[3], ks[5]], src.ptrs([1, 3, 5]), src.sizes(3))
+    tiers = TieredClient(dram, ssd)
+    assert tiers.batch_exists(ks) == [True, True, True, True, False, True]
+    assert tiers.batch_exists_consecutive(ks) == 4
+    assert tiers.batch_exists_consecutive([]) == 0
+    tiers.close()
+
+
+def test_a_failing_tier_does_not_stop_the_other_or_the_writer() -> None:
+    dram, ssd = MemoryUMBPClient(1 << 20), MemoryUMBPClient(1 << 24, max_batch=16)
+    tiers = TieredClient(dram, ssd)
+    src = Buf(4)
+    dram.inject("batch_put_from_ptr", "raise")
+    assert tiers.batch_put_from_ptr(keys(2), src.ptrs([0, 1]), src.sizes(2)) == [True, True]
+    tiers.flush()
+    ssd.inject("batch_put_from_ptr", "raise")
+    assert tiers.batch_put_from_ptr(keys(4)[2:], src.ptrs([2, 3]), src.sizes(2)) == [True] * 2
+    tiers.flush()
+    assert tiers.tier_stats().writeback_failed == 2
+    assert [ssd_bytes(ssd, k) for k in keys(2)] == [src.item(0), src.item(1)]
+    assert tiers.batch_put_from_ptr(["late"], src.ptrs([0]), src.sizes(1)) == [True]
+    tiers.flush()
+    assert ssd_bytes(ssd, "late") == src.item(0)
+    tiers.close()
+
+
+def test_close_drains_the_queue_and_stops_the_thread() -> None:
+    dram, ssd = MemoryUMBPClient(1 << 20), MemoryUMBPClient(1 << 24, max_batch=16)
+    tiers = TieredClient(dram, ssd)
+    src = Buf(30)
+    tiers.batch_put_from_ptr(keys(30), src.ptrs(), src.sizes(30))
+    tiers.close()
+    tiers.close()
+    assert not any(t.name == "hicache-tier-writeback" and t.is_alive()
+                   for t in threading.enumerate() if t is tiers._writer)
+    assert all(ssd_bytes(ssd, k) == src.item(i) for i, k in enumerate(keys(30)))
+    # After close, puts still land in both tiers synchronously.
+    assert tiers.batch_put_from_ptr(["after"], src.ptrs([0]), src.sizes(1)) == [True]
+    assert ssd_bytes(ssd, "after") == src.item(0)
+
+
+def test_bad_policy_is_refused_with_the_allowed_values() -> None:
+    with pytest.raises(ValueError, match=r"write_policy='lazy'.*write_back, write_through"):
+        TieredClient(MemoryUMBPClient(1), MemoryUMBPClient(1), write_policy="lazy")
+
+
+@pytest.mark.parametrize("policy", ["write_back", "write_through"])
+def test_store_over_tiers_serves_a_working_set_larger_than_dram(policy: str) -> None:
+    """2 parts x 4 KiB pages, 64 pages = 512 KiB through a 128 KiB DRAM tier, byte-exact."""
+    dram = MemoryUMBPClient(32 * SIZE)
+    ssd = MemoryUMBPClient(1 << 24, max_batch=16)
+    tiers = TieredClient(dram, ssd, write_policy=policy, queue_bytes=64 * SIZE)
+    store = UMBPStore(tiers, KeyScheme("ns", "m", 1, 0, MHA_PARTS))
+    n = 64
+    src = Buf(2 * n)
+    hs = [f"{i:064x}" for i in range(n)]
+    parts = [[(src.base + (2 * i + p) * SIZE, SIZE) for p in range(2)] for i in range(n)]
+    for start in range(0, n, 2):
+        assert store.batch_set(hs[start : start + 2], parts[start : start + 2]) == [True] * 2
+    store.flush()
+    assert store.batch_exists(hs) == n
+    dst = Buf(2 * n)
+    ctypes.memset(dst.base, 0, 2 * n * SIZE)
+    dparts = [[(dst.base + (2 * i + p) * SIZE, SIZE) for p in range(2)] for i in range(n)]
+    assert store.batch_get(hs, dparts) == [True] * n
+    assert dst.mem.raw == src.mem.raw
+    st = tiers.tier_stats()
+    assert st.ssd_hits > 0 and st.writeback_failed == 0 and st.misses == 0
+    store.close()
