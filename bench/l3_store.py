@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -40,9 +39,6 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "backend"))
 
-# mori 1.2.4's SSD node keeps a staging slot leased ~3 s after each read; with a short lease and
-# more slots than keys per call, reads do not stall (measured; see tests/backend/test_tiers_mori).
-os.environ.setdefault("UMBP_SSD_READ_LEASE_MS", "1")
 
 from hicache_umbp.client import make_embedded_dram_client, make_embedded_ssd_client  # noqa: E402
 from hicache_umbp.keys import MLA_PARTS, KeyScheme  # noqa: E402

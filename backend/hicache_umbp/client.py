@@ -59,6 +59,14 @@ SSD_VALUE_BYTES_DEFAULT = 8 * MIB
 #: Env var holding the command prefix (trixie loader + --library-path) that mori binaries need
 #: on hosts older than glibc 2.38; set by scripts/mori-python, empty in the engine image.
 LOADER_ENV = "MORI_CPU_LOADER"
+#: mori 1.2.4's SSD node keeps a staging slot leased for ``UMBP_SSD_READ_LEASE_MS`` (~3 s by
+#: default) after each read, for a remote reader to pull it; with 16 slots every read batch
+#: after the first then stalls ~3 s. Our reads copy out of the slot inside the call (embedded
+#: and standalone alike), so a 1 ms lease is enough; mori reads the variable once per process,
+#: so it must be set before the first SSD client exists (measured: ~7 ms instead of ~3 s per
+#: 16-key read batch; tests/backend/test_tiers_mori.py).
+SSD_READ_LEASE_ENV = "UMBP_SSD_READ_LEASE_MS"
+SSD_READ_LEASE_MS = 1
 INFINIBAND_SYSFS = "/sys/class/infiniband"
 
 
@@ -299,6 +307,8 @@ def make_embedded_ssd_client(
         raise ValueError(f"durability must be 'relaxed' or 'strict', got {durability!r}")
     if staging_slots < 1 or max_value_bytes < 1:
         raise ValueError("staging_slots and max_value_bytes must be >= 1")
+    # An operator-set value wins; otherwise the short lease (see SSD_READ_LEASE_MS).
+    os.environ.setdefault(SSD_READ_LEASE_ENV, str(SSD_READ_LEASE_MS))
     umbp = import_umbp()
     os.makedirs(ssd_dir, exist_ok=True)
     config = umbp.UMBPConfig()

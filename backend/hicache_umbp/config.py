@@ -685,6 +685,9 @@ def standalone_server_env(
         "UMBP_DISTRIBUTED_SSD_STAGING_BUFFER_SLOTS": str(int(staging_slots)),
         "UMBP_DISTRIBUTED_SSD_STAGING_BUFFER_SIZE": str(staging),
         "UMBP_DRAM_CAPACITY": str(staging),
+        # The server copies reads out of its staging slots inside the call; the ~3 s default
+        # lease would stall every read batch after the first (hicache_umbp.client).
+        "UMBP_SSD_READ_LEASE_MS": "1",
     }
 
 

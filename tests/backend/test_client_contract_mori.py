@@ -237,3 +237,30 @@ def test_standalone_client_waits_then_names_the_socket(tmp_path: Path) -> None:
 
     with pytest.raises(StandaloneServerUnavailableError, match=r"dram server socket .*nope\.sock"):
         make_standalone_client(str(tmp_path / "nope.sock"), "dram", wait_s=0.2)
+
+
+def test_ssd_read_lease_is_short_on_the_real_path(tmp_path: Path) -> None:
+    """The ~3 s default lease of mori's SSD staging slots stalls every read batch after the
+    first; the factory and the standalone env both pin the short lease (real mori)."""
+    import subprocess
+    import sys
+
+    from hicache_umbp.client import SSD_READ_LEASE_ENV, SSD_READ_LEASE_MS, mori_loader_prefix
+
+    env = standalone_server_env("ssd", capacity_bytes=256 << 20, ssd_dir=str(tmp_path / "s"))
+    assert env[SSD_READ_LEASE_ENV] == str(SSD_READ_LEASE_MS)
+    code = (
+        "import os, sys\n"
+        "from hicache_umbp.client import make_embedded_ssd_client, SSD_READ_LEASE_ENV\n"
+        "os.environ.pop(SSD_READ_LEASE_ENV, None)\n"
+        f"c = make_embedded_ssd_client({str(tmp_path / 'e')!r}, 256 << 20)\n"
+        "print(os.environ[SSD_READ_LEASE_ENV]); c.close()\n"
+    )
+    out = subprocess.run(
+        [*mori_loader_prefix(), sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert out.stdout.strip().splitlines()[-1] == str(SSD_READ_LEASE_MS)

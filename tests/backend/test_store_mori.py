@@ -29,9 +29,6 @@ from .conftest import StandaloneServers
 
 pytestmark = pytest.mark.mori
 
-# mori 1.2.4 reads UMBP_SSD_READ_LEASE_MS once per process; its ~3 s default keeps each SSD
-# staging slot leased after a read, so read batches after the first stall ~3 s each.
-os.environ.setdefault("UMBP_SSD_READ_LEASE_MS", "1")
 
 MIB = 1 << 20
 PART = 256 * 1024  # bytes per page part (small pages keep the tier quick on a shared machine)
@@ -194,7 +191,7 @@ def test_standalone_dram_and_ssd_servers(
     dram_env = standalone_server_env("dram", capacity_bytes=64 * MIB)
     ssd_env = standalone_server_env(
         "ssd", capacity_bytes=256 * MIB, ssd_dir=str(tmp_path / "ssd"), value_bytes=PART
-    ) | {"UMBP_SSD_READ_LEASE_MS": "1"}
+    )
     for medium, env in (("dram", dram_env), ("ssd", ssd_env)):
         server = standalone_servers.start(medium, env)
         opened = make_standalone_client(server.socket_path, medium, wait_s=30)  # type: ignore[arg-type]
