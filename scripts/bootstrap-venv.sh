@@ -12,6 +12,6 @@ for cand in python3.11 /root/.pyenv/versions/3.11*/bin/python3.11 python3; do
 done
 [ -n "$py" ] || { echo "bootstrap-venv: need Python >= 3.10 (python3.11 preferred)" >&2; exit 1; }
 [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
-"$venv/bin/python" -m pip install -q --upgrade "pip>=24" "setuptools>=68"
+"$venv/bin/python" -m pip install -q --upgrade "pip>=24" "setuptools>=77"
 "$venv/bin/python" -m pip install -q -e ".[operator,backend,test,dev]"
 echo "bootstrap-venv: $venv ready ($("$venv/bin/python" --version))"
