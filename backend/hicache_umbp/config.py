@@ -144,8 +144,10 @@ SETTINGS: tuple[Setting, ...] = (
        "writes it to SSD; 2-3x the set throughput of write_through in bench/l3_store.py) or "
        "write_through (the set returns after both tiers hold the page).",
        choices=("write_back", "write_through")),
-    _s("umbp_tier_queue_pages", "int", 128, "Pages the write-back staging ring holds (host "
-       "memory per rank: this many pages, e.g. 128 x 4.5 MiB = 576 MiB, memfd-backed); a full "
+    _s("umbp_tier_queue_bytes", "bytes", GIB, "Byte budget of the write-back staging ring "
+       "(host memory per rank, memfd- or mori-shm-backed, so it counts against the container "
+       "memory limit; the operator adds it to the pod memory). The ring holds "
+       "floor(budget / value bytes) page parts and must hold at least one whole page; a full "
        "ring makes the set wait briefly, then write to SSD synchronously.", minimum=1),
     _s("umbp_promote_on_hit", "bool", True, "Copy pages read from SSD into DRAM."),
     # --- standalone ----------------------------------------------------------------------------
@@ -227,7 +229,7 @@ class StoreConfig:
     umbp_ssd_io_backend: str
     umbp_ssd_durability: str
     umbp_tier_write_policy: str
-    umbp_tier_queue_pages: int
+    umbp_tier_queue_bytes: int
     umbp_promote_on_hit: bool
     umbp_socket_dir: str
     umbp_standalone_wait_s: float

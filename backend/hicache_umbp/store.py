@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from .client import UMBPClientLike
+from .config import BY_KEY, ConfigError
 from .keys import KeyScheme
 from .ratelimit import RateLimitedLog
 
@@ -329,6 +330,24 @@ class UMBPStore:
         self._warn.warn(kind, msg, *args)
 
 
+def write_back_ring_keys(queue_bytes: int, value_bytes: int, parts_per_page: int) -> int:
+    """Page parts the write-back ring holds: ``queue_bytes // value_bytes``.
+
+    The ring then takes exactly ``keys x value_bytes`` bytes, never more than the budget (the
+    operator counts the budget against the pod memory). It must hold one whole page
+    (``parts_per_page x value_bytes``), or no page could ever be written back.
+    """
+    page_bytes = parts_per_page * value_bytes
+    if queue_bytes < page_bytes:
+        setting = BY_KEY["umbp_tier_queue_bytes"]
+        raise ConfigError(
+            [f"{setting.key} ({setting.env})={queue_bytes} bytes is smaller than one page: "
+             f"{parts_per_page} part(s) x {value_bytes} bytes = {page_bytes} bytes; the "
+             f"write-back ring needs a budget of at least {page_bytes} bytes"]
+        )
+    return queue_bytes // value_bytes
+
+
 def build_store(
     rank_config: RankConfig,
     *,
@@ -343,7 +362,8 @@ def build_store(
     One medium configured: the mori client for it (embedded DRAM, embedded SSD node, or the
     standalone server of that medium). DRAM and SSD both configured: a
     :class:`~hicache_umbp.tiers.TieredClient` over the two, with ``umbp_tier_write_policy``,
-    ``umbp_tier_queue_pages`` and ``umbp_promote_on_hit``.
+    ``umbp_tier_queue_bytes`` (the ring's byte budget, see :func:`write_back_ring_keys`) and
+    ``umbp_promote_on_hit``.
 
     ``model_id`` is used when ``umbp_model_id`` is empty; ``rank`` is the rank's position in the
     key scheme (TP rank, or the global rank with DP attention); ``parts`` is ``("k", "v")`` for
@@ -363,6 +383,12 @@ def build_store(
     )
     ssd_value_bytes = value_bytes or SSD_VALUE_BYTES_DEFAULT
     media = configured_media(rank_config)
+    # Checked before any client opens: a budget too small for one page is a config error.
+    ring_keys = (
+        write_back_ring_keys(cfg.umbp_tier_queue_bytes, ssd_value_bytes, keys.parts_per_page)
+        if len(media) > 1
+        else 0
+    )
     opened: list[OpenedClient] = []
 
     def close_all() -> None:
@@ -386,9 +412,9 @@ def build_store(
             dram.client,
             ssd.client,
             write_policy=cfg.umbp_tier_write_policy,
-            # The write-back ring holds umbp_tier_queue_pages whole pages.
-            queue_keys=cfg.umbp_tier_queue_pages * keys.parts_per_page,
-            queue_bytes=cfg.umbp_tier_queue_pages * keys.parts_per_page * ssd_value_bytes,
+            # The ring takes exactly ring_keys parts of ssd_value_bytes: <= the byte budget.
+            queue_keys=ring_keys,
+            queue_bytes=ring_keys * ssd_value_bytes,
             promote_on_hit=cfg.umbp_promote_on_hit,
             ssd_max_batch_keys=ssd.max_batch_keys,
             log_interval_s=cfg.umbp_log_interval_s,

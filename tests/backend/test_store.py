@@ -12,12 +12,14 @@ import ctypes
 import logging
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from hicache_umbp.config import GIB, MIB, ConfigError, load_store_config
 from hicache_umbp.keys import MHA_PARTS, MLA_PARTS, KeyScheme
 from hicache_umbp.memory_client import MemoryUMBPClient
 from hicache_umbp.ratelimit import RateLimitedLog
-from hicache_umbp.store import UMBPStore
+from hicache_umbp.store import UMBPStore, build_store, write_back_ring_keys
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -292,3 +294,55 @@ def test_rate_limited_log_reports_once_per_kind_per_interval(
     messages = [r.getMessage() for r in caplog.records]
     assert messages == ["[a] boom 0", "[b] other", "[a] boom 4 (3 more since the last report)"]
     assert rl.counts == {"a": 5, "b": 1}
+
+
+# ----------------------------------------------------------------------------- write-back ring
+
+
+@pytest.mark.parametrize(
+    ("budget", "value_bytes", "parts_per_page", "keys"),
+    [
+        (GIB, 8 * MIB, 2, 128),  # the default budget at the default part size
+        (GIB + 8 * MIB - 1, 8 * MIB, 2, 128),  # a remainder is left unused
+        (3 * MIB, MIB, 2, 3),  # odd part counts are fine: the ring stages parts
+        (2 * MIB, MIB, 2, 2),  # exactly one page
+    ],
+)
+def test_write_back_ring_fits_in_the_byte_budget(
+    budget: int, value_bytes: int, parts_per_page: int, keys: int
+) -> None:
+    assert write_back_ring_keys(budget, value_bytes, parts_per_page) == keys
+    assert parts_per_page * value_bytes <= keys * value_bytes <= budget
+
+
+def test_a_ring_budget_smaller_than_one_page_is_a_config_error_naming_the_variable() -> None:
+    with pytest.raises(ConfigError) as err:
+        write_back_ring_keys(2 * MIB - 1, MIB, 2)
+    msg = str(err.value)
+    for part in ("umbp_tier_queue_bytes", "HICACHE_UMBP_TIER_QUEUE_BYTES", str(2 * MIB - 1),
+                 str(2 * MIB)):
+        assert part in msg
+
+
+def test_build_store_refuses_a_too_small_ring_before_opening_any_client(tmp_path: Path) -> None:
+    """Real: the configuration loader and build_store's check. Nothing is faked: the error is
+    raised before build_store would open the mori clients, so the test needs no mori."""
+    cfg = load_store_config(
+        {
+            "umbp_dram_bytes": str(64 * MIB),
+            "umbp_ssd_enabled": "true",
+            "umbp_ssd_dir": str(tmp_path),
+            "umbp_ssd_bytes": str(256 * MIB),
+            "umbp_tier_queue_bytes": str(MIB),
+        },
+        env={},
+    )
+    with pytest.raises(ConfigError, match=r"umbp_tier_queue_bytes.*1048576 bytes.*"
+                       r"2 part\(s\) x 8388608 bytes = 16777216 bytes"):
+        build_store(cfg.rank(0), model_id="m", tp_size=1, rank=0, parts=MHA_PARTS)
+    assert not list(tmp_path.iterdir())  # no SSD client was opened
+
+
+def test_the_default_ring_budget_is_one_gib_per_rank() -> None:
+    cfg = load_store_config({"umbp_dram_bytes": str(64 * MIB)}, env={})
+    assert cfg.umbp_tier_queue_bytes == GIB

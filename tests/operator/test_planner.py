@@ -54,10 +54,11 @@ def _configmap_env(objects: list[dict[str, Any]]) -> dict[str, str]:
 
 def test_deepseek_sizing_by_hand() -> None:
     """8 ranks x 200Gi on 2Mi pages = 1600Gi hugepages; memory = roundup(1.1 x (16 + 12 x 8))
-    = 123.2Gi + shm 32Gi + 4 KiB-backed UMBP DRAM 512Gi = 667.2Gi -> 668Gi; cpu 4 + 8 x 8."""
+    = 123.2Gi + shm 32Gi + 4 KiB-backed UMBP DRAM 512Gi + write-back rings 8 x 1Gi + embedded
+    SSD staging 8 x 16 x 8Mi = 1Gi = 676.2Gi -> 677Gi; cpu 4 + 8 x 8."""
     p = plan(_cr("deepseek-r1-mi355x.yaml"), CONFIG)
     res = _engine(p.objects)["resources"]
-    expected = {"cpu": "68", "memory": "668Gi", "hugepages-2Mi": "1600Gi", "amd.com/gpu": "8"}
+    expected = {"cpu": "68", "memory": "677Gi", "hugepages-2Mi": "1600Gi", "amd.com/gpu": "8"}
     assert res["limits"] == expected
     assert res["requests"] == expected
     assert p.sizing.dram_per_rank == 64 * GI

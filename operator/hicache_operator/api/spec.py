@@ -324,8 +324,12 @@ class Tiering(ApiModel):
         description="DRAM -> SSD: write_back copies in the background through "
         "a bounded queue; write_through returns after both tiers hold the page.",
     )
-    queue_pages: int = Field(
-        default=4096, ge=1, le=1048576, description="Write-back queue bound in pages."
+    queue_size: Quantity = Field(
+        default="1Gi",
+        description="Write-back staging ring per rank: host memory (memfd/shm) the DRAM+SSD "
+        "composition copies pages into before a background thread writes them to SSD. "
+        "Counted in the engine container's memory (ranks x queueSize); must hold at least "
+        "one page (page parts x 8 MiB slots).",
     )
     promote_on_hit: bool = Field(default=True, description="Copy pages read from SSD into DRAM.")
 

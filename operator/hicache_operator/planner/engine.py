@@ -120,7 +120,7 @@ def contract_values(
         "umbp_local_ranks": sizing.ranks,
         "umbp_ssd_enabled": ssd.enabled,
         "umbp_tier_write_policy": l3.tiering.write_policy,
-        "umbp_tier_queue_pages": l3.tiering.queue_pages,
+        "umbp_tier_queue_bytes": sizing.queue_bytes_per_rank,
         "umbp_promote_on_hit": l3.tiering.promote_on_hit,
         "host_hugepage_bytes": sizing.host_page,
         "host_prefault": hc.host_allocator.prefault,

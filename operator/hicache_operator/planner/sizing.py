@@ -1,7 +1,8 @@
 """Pod sizing: hugepages, memory, /dev/shm, CPUs and the per-rank byte budgets (DESIGN §5).
 
 Notation: R ranks per pod (= GPUs per pod), H host pool per rank, P_h its hugepage size (0 for
-4 KiB pages), D the UMBP DRAM per pod, P_d its hugepage size, S the SSD tier per pod.
+4 KiB pages), D the UMBP DRAM per pod, P_d its hugepage size, S the SSD tier per pod, Q the
+write-back ring budget per rank (``spec.l3.tiering.queueSize``).
 
 * Host pool per rank: ``H_r = roundup(H, P_h)``; the allocator maps whole hugepages.
 * UMBP DRAM: embedded mode splits it per rank, ``D_r = floor(D / R / page) * page`` (page = P_d
@@ -12,10 +13,19 @@ Notation: R ranks per pod (= GPUs per pod), H host pool per rank, P_h its hugepa
   multiple of P, requests == limits, not part of the memory limit.
 * /dev/shm (auto) = ``max(16 GiB, 4 GiB * R)``; an emptyDir ``medium: Memory`` whose pages count
   against the engine's memory limit.
-* engine memory (auto) = ``roundup_GiB(1.1 * (16 GiB + 12 GiB * R) + shm + 4 KiB-backed pools)``:
-  process overhead per rank (Python, ROCm runtime, SGLang scheduler) with 10 % headroom, the
-  tmpfs, and the pools not in hugepages (sized exactly, no headroom on them). An explicit
-  memory must cover ``shm + 4 KiB-backed pools + 4 GiB``.
+* host buffers of the L3 client in the engine process (memfd / shm / malloc, so in the memory
+  limit, never in hugepages):
+
+  - write-back ring = ``R * Q`` when both a DRAM and an SSD tier are on (either mode: the
+    tiered client runs in the engine process; the store uses ``floor(Q / 8 MiB)`` slots of
+    ``SSD_VALUE_BYTES_DEFAULT``, never more than Q);
+  - embedded SSD node staging = ``R * SSD_STAGING_SLOTS * SSD_VALUE_BYTES_DEFAULT``
+    (``R * 16 * 8 MiB``) when the SSD tier is on in embedded mode (standalone: in the sidecar).
+* engine memory (auto) = ``roundup_GiB(1.1 * (16 GiB + 12 GiB * R) + shm + 4 KiB-backed pools
+  + ring + SSD staging)``: process overhead per rank (Python, ROCm runtime, SGLang scheduler)
+  with 10 % headroom, the tmpfs, and the host buffers not in hugepages (sized exactly, no
+  headroom on them). An explicit memory must cover ``shm + 4 KiB-backed pools + ring + SSD
+  staging + 4 GiB``.
 * engine CPUs (auto) = ``4 + 8 * R``; each standalone sidecar gets 2 CPUs and 2 GiB (SSD: 4 GiB
   for its staging buffers) plus its 4 KiB-backed pool. Every container has integer CPUs and
   requests == limits, so the pod is Guaranteed QoS and the static CPU / Memory Managers can
@@ -27,6 +37,9 @@ Notation: R ranks per pod (= GPUs per pod), H host pool per rank, P_h its hugepa
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from hicache_umbp.client import SSD_STAGING_SLOTS, SSD_VALUE_BYTES_DEFAULT
+from hicache_umbp.keys import MHA_PARTS
 
 from ..api.config import OperatorConfig
 from ..api.quantity import format_bytes, human_bytes, parse_bytes, round_up
@@ -48,6 +61,8 @@ SHM_MIN = 16 * GIB
 SHM_PER_RANK = 4 * GIB
 SIDECAR_CPU = 2
 SIDECAR_MEMORY = {"dram": 2 * GIB, "ssd": 4 * GIB}
+#: The smallest write-back ring that holds one page of any layout (MHA: K and V parts).
+QUEUE_MIN_BYTES = len(MHA_PARTS) * SSD_VALUE_BYTES_DEFAULT
 
 
 def hugepage_resource(page_bytes: int) -> str:
@@ -84,6 +99,9 @@ class PodSizing:
     dram_page: int
     ssd_total: int
     ssd_per_rank: int
+    queue_bytes_per_rank: int  # write-back ring budget (rendered even when unused)
+    ring_total: int  # write-back rings in the engine's memory (0 unless DRAM and SSD tiers)
+    ssd_staging_total: int  # embedded SSD node staging in the engine's memory
     shm_bytes: int
     containers: tuple[ContainerSizing, ...]
     arithmetic: tuple[str, ...]
@@ -165,6 +183,28 @@ def size_pod(
         )
     ssd_r = 0 if standalone else ssd_bytes // ranks
 
+    queue_r = parse_bytes(l3.tiering.queue_size, field="l3.tiering.queueSize")
+    if queue_r < QUEUE_MIN_BYTES:
+        problems.add(
+            "spec.l3.tiering.queueSize",
+            f"{l3.tiering.queue_size} ({queue_r} B) cannot hold one page: "
+            f"{len(MHA_PARTS)} parts x {SSD_VALUE_BYTES_DEFAULT} B slots = {QUEUE_MIN_BYTES} B",
+        )
+    tiered = bool(ssd_bytes) and bool(dram_total)
+    ring_total = ranks * queue_r if tiered else 0
+    if ring_total:
+        lines.append(
+            f"write-back ring = {ranks} ranks x queueSize {queue_r} B = {ring_total} B (memory)"
+        )
+    staging_total = (
+        ranks * SSD_STAGING_SLOTS * SSD_VALUE_BYTES_DEFAULT if ssd_bytes and not standalone else 0
+    )
+    if staging_total:
+        lines.append(
+            f"SSD staging = {ranks} ranks x {SSD_STAGING_SLOTS} slots x "
+            f"{SSD_VALUE_BYTES_DEFAULT} B = {staging_total} B (memory)"
+        )
+
     shm = _shm(spec, ranks, lines)
 
     engine_hp: dict[int, int] = {}
@@ -184,7 +224,9 @@ def size_pod(
                 + (" (hugepages)" if host_page else " (4 KiB pages, in memory)")
             )
 
-    engine_mem = _engine_memory(spec, ranks, shm, four_k_pools, problems, lines)
+    engine_mem = _engine_memory(
+        spec, ranks, shm, four_k_pools, ring_total + staging_total, problems, lines
+    )
     engine_cpu = (
         ENGINE_BASE_CPU + ENGINE_CPU_PER_RANK * ranks if res.cpu == "auto" else int(res.cpu)
     )
@@ -211,6 +253,9 @@ def size_pod(
         dram_page=dram_page,
         ssd_total=ssd_bytes,
         ssd_per_rank=ssd_r,
+        queue_bytes_per_rank=queue_r,
+        ring_total=ring_total,
+        ssd_staging_total=staging_total,
         shm_bytes=shm,
         containers=tuple(containers),
         arithmetic=tuple(lines),
@@ -235,10 +280,12 @@ def _engine_memory(
     ranks: int,
     shm: int,
     four_k_pools: int,
+    l3_buffers: int,
     problems: Problems,
     lines: list[str],
 ) -> int:
-    minimum = shm + four_k_pools + ENGINE_MIN_PROCESS_MEMORY
+    """``l3_buffers``: the write-back ring plus the embedded SSD staging (module docstring)."""
+    minimum = shm + four_k_pools + l3_buffers + ENGINE_MIN_PROCESS_MEMORY
     if spec.resources.memory != "auto":
         mem = parse_bytes(spec.resources.memory, field="resources.memory")
         if mem < minimum:
@@ -246,6 +293,7 @@ def _engine_memory(
                 "spec.resources.memory",
                 f"{spec.resources.memory} ({mem} B) is below what the engine needs outside "
                 f"hugepages: /dev/shm {shm} B + 4 KiB-backed pools {four_k_pools} B + "
+                f"L3 ring and SSD staging {l3_buffers} B + "
                 f"{ENGINE_MIN_PROCESS_MEMORY} B process = {minimum} B",
             )
         return mem
@@ -258,11 +306,12 @@ def _engine_memory(
         )
     overhead = ENGINE_BASE_MEMORY + ENGINE_MEMORY_PER_RANK * ranks
     num, den = MEMORY_HEADROOM
-    mem = round_up(-(-overhead * num // den) + shm + four_k_pools, GIB)
+    mem = round_up(-(-overhead * num // den) + shm + four_k_pools + l3_buffers, GIB)
     lines.append(
         f"engine memory = roundup_GiB(1.1 x ({format_bytes(ENGINE_BASE_MEMORY)} + "
         f"{format_bytes(ENGINE_MEMORY_PER_RANK)} x {ranks} ranks) + shm {format_bytes(shm)} + "
-        f"4 KiB-backed pools {four_k_pools} B) = {format_bytes(mem)}"
+        f"4 KiB-backed pools {four_k_pools} B + L3 ring and SSD staging {l3_buffers} B) = "
+        f"{format_bytes(mem)}"
     )
     return mem
 
