@@ -24,11 +24,18 @@ def _selected_venv_tier(config: pytest.Config) -> str | None:
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    if collection_path.is_dir() or not collection_path.name.startswith("test_"):
+    tier = _selected_venv_tier(config)
+    if collection_path.is_dir():
+        # A venv tier's interpreter lacks the other tiers' packages: skip directories (and so
+        # their conftest.py) that hold no test file of that tier.
+        if tier is not None and not any(collection_path.rglob(f"test_*_{tier}.py")):
+            return True
+        return None
+    if not collection_path.name.startswith("test_"):
         return None
     stem = collection_path.stem
     file_tier = next((t for t in VENV_TIERS if stem.endswith(f"_{t}")), None)
-    if file_tier != _selected_venv_tier(config):
+    if file_tier != tier:
         return True
     return None
 

@@ -1,0 +1,555 @@
+"""SGLang 0.5.23 HiCache L3 storage backend over the UMBP page store (the only module of the
+backend, with :mod:`hicache_umbp.sglang_hook`, that imports sglang or torch).
+
+Loading into stock SGLang (no file of SGLang is changed)::
+
+    python -m hicache_umbp.serve --model-path <model> --enable-hierarchical-cache \\
+        --hicache-mem-layout page_first --hicache-write-policy write_back \\
+        --hicache-storage-backend dynamic \\
+        --hicache-storage-backend-extra-config '{"backend_name": "umbp",
+            "module_path": "hicache_umbp.sglang_adapter", "class_name": "UMBPHiCacheStorage",
+            "interface_v1": 1, "umbp_dram_bytes": 68719476736, "umbp_namespace": "ns/name"}'
+
+``python -m hicache_umbp.serve`` is ``python -m sglang.launch_server`` plus the host-allocator
+hook (:mod:`hicache_umbp.sglang_hook`); the adapter itself also loads under plain
+``sglang.launch_server``, only with SGLang's default host allocator. ``interface_v1: 1`` selects
+SGLang's zero-copy path (:meth:`batch_get_v1` / :meth:`batch_set_v1` on host-pool pointers);
+without it SGLang uses the per-page legacy ``batch_get``/``batch_set`` with tensor copies, which
+this class also implements correctly (same keys, same bytes) but slowly.
+
+What SGLang does with the class: ``StorageBackendFactory`` imports ``module_path`` and calls
+``UMBPHiCacheStorage(storage_config, {})``, then ``register_mem_pool_host(host_pool)``; the
+cache controller's prefetch and backup threads call ``batch_exists``, ``batch_get_v1`` and
+``batch_set_v1`` with at most 128 pages (64-hex SHA-256 chain hashes) per call.
+
+Configuration: the extra-config JSON over ``HICACHE_*`` environment variables over defaults,
+parsed by :func:`hicache_umbp.config.load_store_config` (SGLang's own keys are accepted, any other
+unknown key is an error). The per-rank index is ``(dp_rank * pp_size + pp_rank) * tp_size +
+tp_rank`` with the attention TP group under DP attention, where ``dp_rank`` is ``SGLANG_DP_RANK``
+when the launcher set it, else SGLang's attention DP rank.
+
+Keys (:class:`hicache_umbp.keys.KeyScheme`): MHA pages are keyed per attention-TP rank and TP
+size (a rank holds a head slice; DP replicas of the same slice share keys), MLA pages are
+replicated across ranks and keyed with rank 0 of tp 1 (one writer, every rank reads). Pipeline
+and context parallel shards are folded into the model field. Split heads (``tp_lcm_size``):
+each page is written as the ``tp_lcm_size // tp_size`` head groups a ``tp_lcm_size`` deployment's
+ranks would own, so deployments of different TP sizes share pages.
+
+Never-raise contract: the batch methods return one bool per page (an int for
+:meth:`batch_exists`) whatever happens below them; ``None`` would kill SGLang's prefetch thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from sglang.srt.mem_cache.hicache_storage import (
+    HiCacheStorage,
+    HiCacheStorageConfig,
+    HiCacheStorageExtraInfo,
+)
+
+from .client import UMBPClientLike
+from .config import ConfigError, RankConfig, StoreConfig, load_store_config
+from .keys import MHA_PARTS, MLA_PARTS, KeyScheme
+from .pages import PointerPlan, host_buffer_ranges
+from .ratelimit import RateLimitedLog
+from .store import PagePointers, UMBPStore, build_store
+
+log = logging.getLogger(__name__)
+
+BACKEND_NAME = "umbp"
+MODULE_PATH = __name__
+CLASS_NAME = "UMBPHiCacheStorage"
+DP_RANK_ENV = "SGLANG_DP_RANK"
+SUPPORTED_LAYOUTS = ("page_first", "page_first_direct", "page_head")
+
+ClientOpener = Callable[[RankConfig], UMBPClientLike]
+_client_opener: ClientOpener | None = None
+
+
+def dynamic_extra_config(**settings: Any) -> dict[str, Any]:
+    """The ``--hicache-storage-backend-extra-config`` dict that loads this backend."""
+    return {
+        "backend_name": BACKEND_NAME,
+        "module_path": MODULE_PATH,
+        "class_name": CLASS_NAME,
+        "interface_v1": 1,
+        **settings,
+    }
+
+
+@contextlib.contextmanager
+def use_client_opener(opener: ClientOpener) -> Iterator[None]:
+    """Open UMBP clients with ``opener`` instead of mori while the block runs.
+
+    For the ``sglang`` test tier: mori (cp310/cp312 wheels) is not installable beside SGLang's
+    Python 3.11 CPU venv, so tests hand in the in-process double
+    (:class:`hicache_umbp.memory_client.MemoryUMBPClient`), which the ``mori`` tier validates
+    against the real client.
+    """
+    global _client_opener
+    previous, _client_opener = _client_opener, opener
+    try:
+        yield
+    finally:
+        _client_opener = previous
+
+
+# ----------------------------------------------------------------------------- rank position
+
+
+@dataclass(frozen=True)
+class RankPosition:
+    """Where this SGLang worker sits: the fields the key scheme and per-rank config need."""
+
+    tp_rank: int
+    tp_size: int
+    dp_rank: int
+    pp_rank: int
+    pp_size: int
+
+    @property
+    def local_rank(self) -> int:
+        """Index into the per-rank configuration lists (one entry per GPU of the pod)."""
+        return (self.dp_rank * self.pp_size + self.pp_rank) * self.tp_size + self.tp_rank
+
+
+def parse_dp_rank_env(env: Mapping[str, str]) -> int | None:
+    raw = env.get(DP_RANK_ENV)
+    if raw is None or raw.strip() == "":
+        return None
+    value = raw.strip()
+    if not (value.isascii() and value.isdigit()):
+        raise ConfigError([f"{DP_RANK_ENV}={raw!r} must be a non-negative integer"])
+    return int(value)
+
+
+def rank_position(storage_config: HiCacheStorageConfig, env: Mapping[str, str]) -> RankPosition:
+    """SGLang's storage config already holds the attention-TP view under DP attention."""
+    dp_env = parse_dp_rank_env(env)
+    return RankPosition(
+        tp_rank=storage_config.tp_rank,
+        tp_size=storage_config.tp_size,
+        dp_rank=storage_config.dp_rank if dp_env is None else dp_env,
+        pp_rank=storage_config.pp_rank,
+        pp_size=storage_config.pp_size,
+    )
+
+
+# ----------------------------------------------------------------------------- the backend
+
+
+@dataclass
+class _Metrics:
+    """Per-batch samples SGLang's StorageMetrics histograms want, drained by get_stats."""
+
+    prefetch_pgs: list[int]
+    backup_pgs: list[int]
+    prefetch_bandwidth: list[float]
+    backup_bandwidth: list[float]
+
+
+class UMBPHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # sglang is untyped
+    """SGLang ``HiCacheStorage`` (v1 zero-copy + legacy) backed by :class:`UMBPStore`."""
+
+    def __init__(
+        self,
+        storage_config: HiCacheStorageConfig,
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        env = os.environ if env is None else env
+        extra = dict(storage_config.extra_config or {})
+        self.storage_config = storage_config
+        self.config: StoreConfig = load_store_config(extra, env)
+        self.position = rank_position(storage_config, env)
+        self.rank_config: RankConfig = self.config.rank(self.position.local_rank)
+        self.interface_v1 = bool(extra.get("interface_v1", 0))
+        self._check_parallelism(storage_config)
+        self.is_mla = bool(storage_config.is_mla_model)
+        self.is_writer = bool(storage_config.is_storage_writer)
+        self.split_factor = 1
+        if storage_config.should_split_heads:
+            if not self.interface_v1:
+                raise ConfigError(
+                    ["split heads (tp_lcm_size) needs interface_v1: 1 in the extra-config"]
+                )
+            lcm = storage_config.tp_lcm_size or 0
+            if lcm % storage_config.tp_size:
+                raise ConfigError(
+                    [f"tp_lcm_size={lcm} is not a multiple of tp_size={storage_config.tp_size}"]
+                )
+            self.split_factor = lcm // storage_config.tp_size
+        self.model_id = self._model_id(storage_config)
+        self.stores: list[UMBPStore] = self._open_stores()
+        self.parts_per_page = sum(s.keys.parts_per_page for s in self.stores)
+        self._warn = RateLimitedLog(log, self.config.umbp_log_interval_s)
+        self._metrics_lock = threading.Lock()
+        self._metrics = _Metrics([], [], [], [])
+        self.mem_pool_host: Any = None
+        self._plan: PointerPlan | None = None
+        if not self.interface_v1:
+            log.warning(
+                "UMBPHiCacheStorage loaded without interface_v1: SGLang will use the per-page "
+                "legacy path with tensor copies; add \"interface_v1\": 1 to the extra-config"
+            )
+        log.info(
+            "UMBPHiCacheStorage: mode=%s local_rank=%d model=%r keys=%s writer=%s",
+            self.config.umbp_mode,
+            self.position.local_rank,
+            self.model_id,
+            [(s.keys.tp_size, s.keys.rank, s.keys.parts) for s in self.stores],
+            self.is_writer,
+        )
+
+    # ------------------------------------------------------------------ construction helpers
+
+    @staticmethod
+    def _check_parallelism(cfg: HiCacheStorageConfig) -> None:
+        if cfg.dcp_size > 1:
+            raise ConfigError(
+                [f"decode context parallel (dcp_size={cfg.dcp_size}) is not supported by the "
+                 "UMBP backend; SGLang 0.5.23 allows only file or mooncake storage with DCP"]
+            )
+
+    def _model_id(self, cfg: HiCacheStorageConfig) -> str:
+        base = self.config.umbp_model_id or (cfg.model_name or "")
+        if not base:
+            raise ConfigError(
+                ["the model identity for keys is empty: SGLang passed no model name and "
+                 "umbp_model_id / HICACHE_UMBP_MODEL_ID is not set"]
+            )
+        # A rank of a pipeline or context-parallel group holds a different slice of each page.
+        if cfg.pp_size > 1:
+            base += f"@pp{cfg.pp_rank}of{cfg.pp_size}"
+        if cfg.attn_cp_size > 1:
+            base += f"@cp{cfg.attn_cp_rank}of{cfg.attn_cp_size}"
+        return base
+
+    def _schemes(self) -> list[KeyScheme]:
+        ns = self.config.umbp_namespace
+        if self.is_mla:
+            return [KeyScheme(ns, self.model_id, tp_size=1, rank=0, parts=MLA_PARTS)]
+        pos = self.position
+        if self.split_factor == 1:
+            return [KeyScheme(ns, self.model_id, pos.tp_size, pos.tp_rank, MHA_PARTS)]
+        lcm = pos.tp_size * self.split_factor
+        base = pos.tp_rank * self.split_factor
+        return [
+            KeyScheme(ns, self.model_id, lcm, base + i, MHA_PARTS)
+            for i in range(self.split_factor)
+        ]
+
+    def _open_stores(self) -> list[UMBPStore]:
+        schemes = self._schemes()
+        first = schemes[0]
+        if _client_opener is not None:
+            client = _client_opener(self.rank_config)
+            head = UMBPStore(client, first, log_interval_s=self.config.umbp_log_interval_s)
+        else:
+            head = build_store(
+                self.rank_config,
+                model_id=first.model_id,
+                tp_size=first.tp_size,
+                rank=first.rank,
+                parts=first.parts,
+            )
+        # Split-head groups share the head store's client; only the head closes it.
+        rest = [
+            UMBPStore(head.client, s, log_interval_s=self.config.umbp_log_interval_s)
+            for s in schemes[1:]
+        ]
+        return [head, *rest]
+
+    # ------------------------------------------------------------------ registration
+
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        layout = getattr(mem_pool_host, "layout", None)
+        if layout not in SUPPORTED_LAYOUTS:
+            raise ConfigError(
+                [f"host pool layout {layout!r} is not supported by the UMBP backend; use "
+                 "--hicache-mem-layout page_first or page_first_direct (UMBP stores whole "
+                 "pages, layer_first scatters a page over every layer)"]
+            )
+        if layout == "page_head" and self.split_factor == 1 and not self.is_mla:
+            log.info("page_head layout without tp_lcm_size: pages are stored as whole K/V parts")
+        super().register_mem_pool_host(mem_pool_host)
+        self._plan = PointerPlan.derive(
+            mem_pool_host, self._meta, self.parts_per_page, _index_tensor
+        )
+        if self._plan is None:
+            log.info("UMBPHiCacheStorage: per-batch get_page_buffer_meta (no linear plan)")
+        from . import sglang_hook
+
+        sglang_hook.check_pool_allocator(mem_pool_host, self.config)
+        for ptr, size in host_buffer_ranges(mem_pool_host):
+            for store in self.stores:
+                if not store.register_buffer(ptr, size):
+                    raise RuntimeError(
+                        f"UMBP client refused to register the host pool buffer "
+                        f"[{ptr:#x}, +{size}) for zero-copy I/O"
+                    )
+
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        """SGLang registers its host pool group here; only the KV pool is supported.
+
+        Sidecar pools (SWA, Mamba state, DSA indexer, draft KV) travel through
+        ``batch_*_v2``, which this backend does not implement: refusing them at attach time
+        beats silently never caching their pages.
+        """
+        if str(host_pool_name) == "kv":
+            super().register_mem_host_pool_v2(host_pool, host_pool_name)
+            return
+        raise ConfigError(
+            [f"host pool {str(host_pool_name)!r} (a hybrid-model sidecar pool) needs "
+             "HiCache's batch_*_v2 interface, which the UMBP backend does not implement; "
+             "it supports the KV pool of MHA and MLA models"]
+        )
+
+    # ------------------------------------------------------------------ zero-copy v1
+
+    def batch_set_v1(
+        self,
+        keys: list[str],
+        host_indices: torch.Tensor,
+        extra_info: HiCacheStorageExtraInfo | None = None,
+    ) -> list[bool]:
+        n = len(keys)
+        if n == 0:
+            return []
+        if not self.is_writer:
+            # MLA replicas: one writer per page; SGLang skips backup here too (backup_skip).
+            return [True] * n
+        start = time.perf_counter()
+        try:
+            pages = self.page_pointers(host_indices, n)
+            ok = self._run("set", keys, pages)
+        except Exception as e:
+            self._warn.warn("set_error", "batch_set_v1 of %d pages failed: %r", n, e)
+            return [False] * n
+        self._sample(False, ok, pages, start)
+        return ok
+
+    def batch_get_v1(
+        self,
+        keys: list[str],
+        host_indices: torch.Tensor,
+        extra_info: HiCacheStorageExtraInfo | None = None,
+    ) -> list[bool]:
+        n = len(keys)
+        if n == 0:
+            return []
+        start = time.perf_counter()
+        try:
+            pages = self.page_pointers(host_indices, n)
+            ok = self._run("get", keys, pages)
+        except Exception as e:
+            self._warn.warn("get_error", "batch_get_v1 of %d pages failed: %r", n, e)
+            return [False] * n
+        self._sample(True, ok, pages, start)
+        return ok
+
+    def batch_exists(
+        self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None
+    ) -> int:
+        if not keys:
+            return 0
+        try:
+            return min(store.batch_exists(keys) for store in self.stores)
+        except Exception as e:
+            self._warn.warn("exists_error", "batch_exists of %d pages failed: %r", len(keys), e)
+            return 0
+
+    def page_pointers(self, host_indices: torch.Tensor, n_pages: int) -> list[PagePointers]:
+        """(ptr, size) of every part of every page, page-major.
+
+        The fast path applies the linear plan derived from (and verified against) SGLang's own
+        ``get_page_buffer_meta`` at registration; without a plan it calls SGLang per batch.
+        """
+        pool = self.mem_pool_host
+        if pool is None:
+            raise RuntimeError("register_mem_pool_host was not called")
+        plan = self._plan
+        if plan is not None:
+            return plan.pointers(host_indices, n_pages)
+        ptrs, sizes = self._meta(host_indices)
+        per = self.parts_per_page
+        if len(ptrs) != n_pages * per or len(sizes) != len(ptrs):
+            raise ValueError(
+                f"host pool gave {len(ptrs)} pointers / {len(sizes)} sizes for {n_pages} pages "
+                f"of {per} parts (layout {pool.layout!r})"
+            )
+        pairs = list(zip(ptrs, sizes, strict=True))
+        if per == 1:
+            return [(p,) for p in pairs]
+        return [tuple(pairs[i : i + per]) for i in range(0, len(pairs), per)]
+
+    def _meta(self, host_indices: torch.Tensor) -> tuple[list[int], list[int]]:
+        pool = self.mem_pool_host
+        if self.split_factor > 1:
+            ptrs, sizes = pool.get_split_heads_page_buffer_meta(host_indices, self.split_factor)
+        else:
+            ptrs, sizes = pool.get_page_buffer_meta(host_indices)
+        return list(ptrs), list(sizes)
+
+    def _run(self, op: str, keys: Sequence[str], pages: Sequence[PagePointers]) -> list[bool]:
+        if len(self.stores) == 1:
+            store = self.stores[0]
+            return store.batch_set(keys, pages) if op == "set" else store.batch_get(keys, pages)
+        ok = [True] * len(keys)
+        offset = 0
+        for store in self.stores:
+            width = store.keys.parts_per_page
+            sub = [page[offset : offset + width] for page in pages]
+            got = store.batch_set(keys, sub) if op == "set" else store.batch_get(keys, sub)
+            ok = [a and b for a, b in zip(ok, got, strict=True)]
+            offset += width
+        return ok
+
+    # ------------------------------------------------------------------ legacy interface
+
+    def _tensor_parts(self, tensor: torch.Tensor) -> PagePointers:
+        """A flat page tensor split into the parts of a v1 page: same keys, same bytes.
+
+        SGLang's flat MHA page is the K half then the V half (``get_data_page(flat=True)``),
+        an MLA page is one part; split-head pages have no flat form (v1 only, checked in init).
+        """
+        if not tensor.is_contiguous():
+            raise ValueError("legacy page tensors must be contiguous")
+        total = tensor.numel() * tensor.element_size()
+        per = self.parts_per_page
+        if total % per:
+            raise ValueError(f"a page of {total} bytes does not split into {per} equal parts")
+        step = total // per
+        base = tensor.data_ptr()
+        return tuple((base + i * step, step) for i in range(per))
+
+    def get(
+        self,
+        key: str,
+        target_location: Any | None = None,
+        target_sizes: Any | None = None,
+    ) -> torch.Tensor | None:
+        got = self.batch_get([key], [target_location] if target_location is not None else None)
+        return got[0] if isinstance(got, list) else None
+
+    def batch_get(
+        self,
+        keys: list[str],
+        target_locations: Any | None = None,
+        target_sizes: Any | None = None,
+    ) -> list[torch.Tensor | None]:
+        n = len(keys)
+        if n == 0:
+            return []
+        try:
+            if target_locations is None:
+                targets = [self.mem_pool_host.get_dummy_flat_data_page() for _ in keys]
+            else:
+                targets = list(target_locations)
+            pages = [self._tensor_parts(t) for t in targets]
+            ok = self._run("get", keys, pages)
+        except Exception as e:
+            self._warn.warn("legacy_get_error", "batch_get of %d pages failed: %r", n, e)
+            return [None] * n
+        return [t if hit else None for t, hit in zip(targets, ok, strict=True)]
+
+    def set(
+        self,
+        key: str,
+        value: Any | None = None,
+        target_location: Any | None = None,
+        target_sizes: Any | None = None,
+    ) -> bool:
+        return self.batch_set([key], [value])
+
+    def batch_set(
+        self,
+        keys: list[str],
+        values: Any | None = None,
+        target_locations: Any | None = None,
+        target_sizes: Any | None = None,
+    ) -> bool:
+        if not keys:
+            return True
+        if not self.is_writer:
+            return True
+        try:
+            if values is None or len(values) != len(keys):
+                raise ValueError("batch_set needs one page tensor per key")
+            contiguous = [v.contiguous() for v in values]
+            pages = [self._tensor_parts(v) for v in contiguous]
+            return all(self._run("set", keys, pages))
+        except Exception as e:
+            self._warn.warn("legacy_set_error", "batch_set of %d pages failed: %r", len(keys), e)
+            return False
+
+    def exists(self, key: str) -> bool:
+        return self.batch_exists([key]) == 1
+
+    # ------------------------------------------------------------------ lifecycle and stats
+
+    def clear(self) -> None:
+        # mori's embedded clear() makes every later put fail (1.2.4), so a "flush cache" from
+        # SGLang must not reach it: the L3 tier keeps its pages (they are content-addressed).
+        log.warning("UMBPHiCacheStorage.clear(): not forwarded (mori 1.2.4 embedded clear() "
+                    "makes every later put fail); the UMBP tier keeps its pages")
+
+    def flush(self) -> bool:
+        return all(store.flush() for store in self.stores[:1])
+
+    def close(self) -> None:
+        for store in reversed(self.stores[1:]):
+            store.close()
+        self.stores[0].close()
+
+    def _sample(
+        self, is_get: bool, ok: list[bool], pages: Sequence[PagePointers], start: float
+    ) -> None:
+        if not self.storage_config.enable_storage_metrics:
+            return
+        elapsed = max(time.perf_counter() - start, 1e-9)
+        nbytes = sum(size for hit, page in zip(ok, pages, strict=True) if hit for _, size in page)
+        gbps = nbytes / elapsed / 1e9
+        with self._metrics_lock:
+            m = self._metrics
+            (m.prefetch_pgs if is_get else m.backup_pgs).append(sum(ok))
+            (m.prefetch_bandwidth if is_get else m.backup_bandwidth).append(gbps)
+
+    def get_stats(self) -> Any:
+        """SGLang's ``StorageMetrics`` (per-batch samples since the last call) plus ``umbp``:
+        the store's cumulative counters (hits, misses, bytes, failures) as a dict."""
+        from sglang.srt.observability.metrics_collector import StorageMetrics
+
+        metrics = StorageMetrics()
+        with self._metrics_lock:
+            m, self._metrics = self._metrics, _Metrics([], [], [], [])
+        metrics.prefetch_pgs.extend(m.prefetch_pgs)
+        metrics.backup_pgs.extend(m.backup_pgs)
+        metrics.prefetch_bandwidth.extend(m.prefetch_bandwidth)
+        metrics.backup_bandwidth.extend(m.backup_bandwidth)
+        metrics.umbp = self.umbp_stats()
+        return metrics
+
+    def umbp_stats(self) -> dict[str, Any]:
+        stats = [asdict(s.stats()) for s in self.stores]
+        merged = stats[0]
+        for other in stats[1:]:
+            for k, v in other.items():
+                if isinstance(v, int):
+                    merged[k] += v
+        return merged
+
+
+def _index_tensor(values: list[int]) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64)

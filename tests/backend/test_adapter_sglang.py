@@ -1,0 +1,356 @@
+"""The UMBP HiCache backend inside real SGLang 0.5.23 objects (no controller threads here).
+
+Real: SGLang's StorageBackendFactory, HiCacheStorageConfig, device and host KV pools
+(MHATokenToKVPoolHost page_first / page_first_direct / page_head, MLATokenToKVPoolHost) on CPU,
+their get_page_buffer_meta pointer math, the launcher's extra-config rendering, our config
+parsing, key scheme and store. Faked: the UMBP client is the in-process double
+(hicache_umbp.memory_client), because mori has no wheel for this Python 3.11 venv; the ``mori``
+tier runs the same client contract against the real mori.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+import torch
+from hicache_umbp.config import ConfigError, load_launch_config
+from hicache_umbp.keys import parse_key
+from hicache_umbp.launch.command import store_extra_config
+from hicache_umbp.memory_client import MemoryUMBPClient
+from hicache_umbp.sglang_adapter import (
+    CLASS_NAME,
+    MODULE_PATH,
+    UMBPHiCacheStorage,
+    dynamic_extra_config,
+    use_client_opener,
+)
+
+from . import sglang_env as E
+
+pytestmark = pytest.mark.sglang
+
+MIB = 1 << 20
+
+
+def storage_config(extra: dict[str, Any], *, mla: bool = False, **over: Any) -> Any:
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+
+    values: dict[str, Any] = dict(
+        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+        is_mla_model=mla, enable_storage_metrics=False, is_page_first_layout=True,
+        model_name=E.MODEL_NAME, extra_config=dict(extra),
+    )
+    values.update(over)
+    return HiCacheStorageConfig(**values)
+
+
+def base_extra(**settings: Any) -> dict[str, Any]:
+    """Two local ranks (tp 2 in one pod) unless a test says otherwise."""
+    settings.setdefault("umbp_local_ranks", 2)
+    return dynamic_extra_config(umbp_dram_bytes=64 * MIB, umbp_namespace="ns/app", **settings)
+
+
+def make_backend(
+    kind: str = "mha", layout: str = "page_first", client: MemoryUMBPClient | None = None,
+    extra: dict[str, Any] | None = None, **over: Any,
+) -> tuple[UMBPHiCacheStorage, Any, MemoryUMBPClient]:
+    from sglang.srt.mem_cache.storage import StorageBackendFactory
+
+    client = client or MemoryUMBPClient(64 * MIB)
+    dev = E.mla_device_pool() if kind == "mla" else E.mha_device_pool()
+    host = E.host_pool(dev, layout=layout)
+    cfg = storage_config(extra or base_extra(), mla=kind == "mla", **over)
+    with use_client_opener(lambda rank_config: client):
+        backend = StorageBackendFactory.create_backend("dynamic", cfg, host)
+    backend.register_mem_pool_host(host)
+    assert isinstance(backend, UMBPHiCacheStorage)
+    return backend, host, client
+
+
+def hashes(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [f"{rng.getrandbits(256):064x}" for _ in range(n)]
+
+
+def test_factory_builds_backend_from_the_launcher_rendered_extra_config() -> None:
+    from sglang.srt.mem_cache.storage import StorageBackendFactory
+
+    env = {"HICACHE_MODEL_PATH": "/models/tiny", "HICACHE_UMBP_DRAM_BYTES": str(32 * MIB),
+           "HICACHE_UMBP_NAMESPACE": "team-a/llama", "HICACHE_HOST_HUGEPAGE_BYTES": "0"}
+    extra = json.loads(json.dumps(store_extra_config(load_launch_config(env), {})))
+    assert (extra["module_path"], extra["class_name"]) == (MODULE_PATH, CLASS_NAME)
+    host = E.host_pool(E.mha_device_pool())
+    client = MemoryUMBPClient(64 * MIB)
+    with use_client_opener(lambda rank_config: client):
+        backend = StorageBackendFactory.create_backend("dynamic", storage_config(extra), host)
+    assert type(backend) is UMBPHiCacheStorage
+    assert backend.interface_v1
+    assert backend.config.umbp_namespace == "team-a/llama"
+    assert backend.rank_config.dram_bytes == 32 * MIB
+
+
+@pytest.mark.parametrize(
+    ("kind", "layout"),
+    [("mha", "page_first"), ("mha", "page_first_direct"), ("mla", "page_first"),
+     ("mla", "page_first_direct")],
+)
+def test_set_wipe_get_restores_every_byte(kind: str, layout: str) -> None:
+    backend, host, client = make_backend(kind, layout)
+    n = 9
+    idx = host.alloc(n * E.PAGE)
+    E.fill_random(host, seed=3)
+    before = E.page_bytes(host, idx)
+    keys = hashes(n)
+    assert backend.batch_set_v1(keys, idx) == [True] * n
+    E.wipe(host)
+    assert E.page_bytes(host, idx) != before
+    assert backend.batch_get_v1(keys, idx) == [True] * n
+    assert E.page_bytes(host, idx) == before
+    parts = 1 if kind == "mla" else 2
+    assert len(client.keys()) == n * parts
+
+
+@pytest.mark.parametrize("kind", ["mha", "mla"])
+def test_partial_prefix_hits_and_consecutive_exists(kind: str) -> None:
+    backend, host, _ = make_backend(kind)
+    n = 6
+    idx = host.alloc(n * E.PAGE)
+    E.fill_random(host, seed=5)
+    before = E.page_bytes(host, idx)
+    keys = hashes(n, seed=1)
+    stored = [0, 1, 2, 4]  # a hole at page 3
+    sel = torch.cat([idx[i * E.PAGE : (i + 1) * E.PAGE] for i in stored])
+    assert backend.batch_set_v1([keys[i] for i in stored], sel) == [True] * len(stored)
+    assert backend.batch_exists(keys) == 3
+    assert backend.batch_exists(keys[4:]) == 1
+    assert backend.batch_exists(hashes(2, seed=99)) == 0
+    E.wipe(host)
+    got = backend.batch_get_v1(keys, idx)
+    assert got == [True, True, True, False, True, False]
+    after = E.page_bytes(host, idx)
+    assert after[:3] == before[:3]
+    assert after[4] == before[4]
+
+
+def test_empty_batches_touch_nothing() -> None:
+    backend, _host, client = make_backend()
+    calls = sum(client.calls.values())
+    empty = torch.empty(0, dtype=torch.int64)
+    assert backend.batch_set_v1([], empty) == []
+    assert backend.batch_get_v1([], empty) == []
+    assert backend.batch_exists([]) == 0
+    assert sum(client.calls.values()) == calls
+
+
+def test_legacy_interface_shares_keys_and_bytes_with_v1() -> None:
+    backend, host, _ = make_backend("mha")
+    n = 4
+    idx = host.alloc(n * E.PAGE)
+    E.fill_random(host, seed=7)
+    before = E.page_bytes(host, idx)
+    keys = hashes(n, seed=2)
+    pages = [host.get_data_page(int(idx[i * E.PAGE]), flat=True) for i in range(n)]
+    assert backend.batch_set(keys, pages) is True  # legacy write
+    assert all(backend.exists(k) for k in keys)
+    E.wipe(host)
+    assert backend.batch_get_v1(keys, idx) == [True] * n  # zero-copy read of legacy pages
+    assert E.page_bytes(host, idx) == before
+    got = backend.batch_get(keys[:2], [host.get_dummy_flat_data_page() for _ in range(2)])
+    assert [bytes(t.view(torch.uint8).numpy()) for t in got] == before[:2]
+    assert backend.get(hashes(1, seed=42)[0], host.get_dummy_flat_data_page()) is None
+
+
+def test_split_heads_writes_the_head_groups_of_the_lcm_layout() -> None:
+    extra = base_extra()
+    backend, host, client = make_backend(
+        "mha", "page_head", extra=extra, tp_rank=1, tp_size=2, tp_lcm_size=4,
+        should_split_heads=True, extra_config=extra,
+    )
+    assert backend.split_factor == 2
+    n = 3
+    idx = host.alloc(n * E.PAGE)
+    E.fill_random(host, seed=11)
+    before = E.page_bytes(host, idx)
+    keys = hashes(n, seed=4)
+    assert backend.batch_set_v1(keys, idx) == [True] * n
+    stored = client.keys()
+    fields = {parse_key(k)[2:5] for k in stored}
+    assert fields == {(4, r, p) for r in (2, 3) for p in ("k", "v")}
+    E.wipe(host)
+    assert backend.batch_exists(keys) == n
+    assert backend.batch_get_v1(keys, idx) == [True] * n
+    assert E.page_bytes(host, idx) == before
+
+
+def test_keys_carry_model_and_tp_layout_and_mla_is_shared_across_ranks() -> None:
+    mha, host, client = make_backend("mha", tp_rank=1, tp_size=2)
+    idx = host.alloc(E.PAGE)
+    mha.batch_set_v1(hashes(1), idx)
+    stored = client.keys()
+    assert {parse_key(k)[:5] for k in stored} == {
+        ("ns/app", E.MODEL_NAME, 2, 1, "k"), ("ns/app", E.MODEL_NAME, 2, 1, "v")
+    }
+    shared = MemoryUMBPClient(64 * MIB)
+    writer, h0, _ = make_backend("mla", client=shared, tp_rank=0, tp_size=2)
+    reader, h1, _ = make_backend("mla", client=shared, tp_rank=1, tp_size=2)
+    assert not reader.is_writer
+    i0, i1 = h0.alloc(E.PAGE), h1.alloc(E.PAGE)
+    E.fill_random(h0, seed=1)
+    keys = hashes(1, seed=8)
+    assert reader.batch_set_v1(keys, i1) == [True]  # a follower acknowledges, writes nothing
+    assert shared.keys() == []
+    assert writer.batch_set_v1(keys, i0) == [True]
+    assert reader.batch_get_v1(keys, i1) == [True]
+    assert E.page_bytes(h1, i1) == E.page_bytes(h0, i0)
+
+
+def test_config_errors_are_specific() -> None:
+    with pytest.raises(ConfigError, match="umbp_dram_bytez"):
+        make_backend(extra=base_extra(umbp_dram_bytez=1))
+    sglang_keys = base_extra(prefetch_threshold=256, prefetch_timeout_base=1,
+                             prefetch_timeout_per_ki_token=0.25,
+                             hicache_storage_pass_prefix_keys=True, allocator="default")
+    make_backend(extra=sglang_keys)
+    with pytest.raises(ConfigError, match="layer_first"):
+        make_backend(layout="layer_first")
+    with pytest.raises(ConfigError, match="model"):
+        make_backend(model_name=None)
+    with pytest.raises(ConfigError, match="10Gi"):
+        make_backend(extra=base_extra() | {"umbp_dram_bytes": "10Gi"})
+
+
+def test_sglang_dp_rank_selects_the_per_rank_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    per_rank = [16 * MIB, 24 * MIB, 32 * MIB, 40 * MIB]
+    extra = base_extra(umbp_local_ranks=4) | {"umbp_dram_bytes": per_rank}
+    monkeypatch.setenv("SGLANG_DP_RANK", "1")
+    backend, _, _ = make_backend(extra=extra, tp_rank=1, tp_size=2, extra_config=extra)
+    assert backend.position.local_rank == 3
+    assert backend.rank_config.dram_bytes == 40 * MIB
+    monkeypatch.setenv("SGLANG_DP_RANK", "2")
+    with pytest.raises(ConfigError, match="local rank 5"):
+        make_backend(extra=extra, tp_rank=1, tp_size=2, extra_config=extra)
+    monkeypatch.setenv("SGLANG_DP_RANK", "one")
+    with pytest.raises(ConfigError, match="SGLANG_DP_RANK"):
+        make_backend(extra=extra)
+    monkeypatch.delenv("SGLANG_DP_RANK")
+    backend, _, _ = make_backend(extra=extra, dp_rank=1, tp_rank=0, tp_size=2, extra_config=extra)
+    assert backend.rank_config.dram_bytes == 32 * MIB
+
+
+@pytest.mark.parametrize("fault", ["raise", "false", "none", "partial"])
+@pytest.mark.parametrize("method", ["batch_put_from_ptr", "batch_get_into_ptr"])
+def test_client_faults_become_false_pages_never_exceptions(method: str, fault: str) -> None:
+    backend, host, client = make_backend("mha")
+    n = 6
+    idx = host.alloc(n * E.PAGE)
+    E.fill_random(host, seed=13)
+    before = E.page_bytes(host, idx)
+    keys = hashes(n, seed=6)
+    if method == "batch_get_into_ptr":
+        assert backend.batch_set_v1(keys, idx) == [True] * n
+    client.inject(method, fault)  # type: ignore[arg-type]
+    call = backend.batch_set_v1 if method == "batch_put_from_ptr" else backend.batch_get_v1
+    got = call(keys, idx)
+    assert isinstance(got, list) and len(got) == n
+    assert all(isinstance(r, bool) for r in got)
+    assert not all(got)
+    # The next batch goes through: nothing below the adapter is left broken.
+    assert backend.batch_set_v1(keys, idx) == [True] * n
+    assert backend.batch_get_v1(keys, idx) == [True] * n
+    assert E.page_bytes(host, idx) == before
+
+
+def test_exists_fault_reports_zero() -> None:
+    backend, host, client = make_backend()
+    idx = host.alloc(2 * E.PAGE)
+    keys = hashes(2)
+    backend.batch_set_v1(keys, idx)
+    for fault in ("raise", "none", "false"):
+        client.inject("batch_exists_consecutive", fault)  # type: ignore[arg-type]
+        assert backend.batch_exists(keys) == 0
+    assert backend.batch_exists(keys) == 2
+
+
+def test_get_stats_returns_storage_metrics_with_umbp_counters() -> None:
+    from sglang.srt.observability.metrics_collector import StorageMetrics
+
+    backend, host, _ = make_backend(enable_storage_metrics=True)
+    idx = host.alloc(4 * E.PAGE)
+    keys = hashes(4)
+    backend.batch_set_v1(keys, idx)
+    backend.batch_get_v1(keys + hashes(1, seed=77), torch.cat([idx, host.alloc(E.PAGE)]))
+    stats = backend.get_stats()
+    assert isinstance(stats, StorageMetrics)
+    assert stats.backup_pgs == [4] and stats.prefetch_pgs == [4]
+    assert len(stats.backup_bandwidth) == 1 and stats.backup_bandwidth[0] > 0
+    page = 2 * E.LAYERS * E.PAGE * E.MHA_HEADS * E.HEAD_DIM * 2
+    assert stats.umbp["pages_set"] == 4 and stats.umbp["bytes_set"] == 4 * page
+    assert stats.umbp["pages_get"] == 4 and stats.umbp["get_misses"] == 1
+    again = backend.get_stats()
+    assert again.backup_pgs == [] and again.umbp["pages_set"] == 4
+
+
+@pytest.mark.parametrize(
+    ("kind", "layout", "over"),
+    [("mha", "page_first", {}), ("mha", "page_first_direct", {}), ("mla", "page_first", {}),
+     ("mla", "page_first_direct", {}),
+     ("mha", "page_head", {"tp_rank": 1, "tp_size": 2, "tp_lcm_size": 4,
+                           "should_split_heads": True})],
+)
+def test_pointer_plan_equals_sglangs_page_meta(kind: str, layout: str, over: Any) -> None:
+    backend, host, _ = make_backend(kind, layout, **over)
+    assert backend._plan is not None
+    rng = random.Random(1)
+    pages = rng.sample(range(host.size // E.PAGE), 12)
+    idx = torch.cat([torch.arange(p * E.PAGE, (p + 1) * E.PAGE) for p in pages])
+    ptrs, sizes = backend._meta(idx)
+    flat = [pair for page in backend.page_pointers(idx, len(pages)) for pair in page]
+    assert flat == list(zip(ptrs, sizes, strict=True))
+
+
+def test_pool_without_linear_pointers_falls_back_to_sglangs_meta() -> None:
+    from sglang.srt.mem_cache.storage import StorageBackendFactory
+
+    host = E.host_pool(E.mha_device_pool())
+    real_meta = host.get_page_buffer_meta
+    calls: list[int] = []
+
+    def scrambled(indices: torch.Tensor) -> tuple[list[int], list[int]]:
+        # Neighbouring pages swapped (0<->1, 2<->3, ...): not affine in the page start.
+        calls.append(len(indices))
+        n_pages = host.size // E.PAGE
+        starts = []
+        for i in indices[:: E.PAGE]:
+            page = int(i) // E.PAGE
+            swapped = page ^ 1 if page ^ 1 < n_pages else page
+            starts.append(torch.arange(swapped * E.PAGE, (swapped + 1) * E.PAGE))
+        return real_meta(torch.cat(starts))
+
+    host.get_page_buffer_meta = scrambled
+    client = MemoryUMBPClient(64 * MIB)
+    with use_client_opener(lambda rank_config: client):
+        backend = StorageBackendFactory.create_backend("dynamic", storage_config(base_extra()),
+                                                       host)
+    backend.register_mem_pool_host(host)
+    assert backend._plan is None
+    idx = host.alloc(3 * E.PAGE)
+    E.fill_random(host, seed=21)
+    keys = hashes(3, seed=21)
+    n_calls = len(calls)
+    assert backend.batch_set_v1(keys, idx) == [True] * 3
+    assert len(calls) == n_calls + 1
+    E.wipe(host)
+    assert backend.batch_get_v1(keys, idx) == [True] * 3
+
+
+def test_hybrid_sidecar_pools_are_refused_at_attach() -> None:
+    from sglang.srt.mem_cache.hicache_storage import PoolName
+
+    backend, host, _ = make_backend()
+    backend.register_mem_host_pool_v2(host, PoolName.KV)
+    assert backend.registered_pools[PoolName.KV] is host
+    with pytest.raises(ConfigError, match="mamba"):
+        backend.register_mem_host_pool_v2(host, PoolName.MAMBA)
