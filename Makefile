@@ -48,7 +48,7 @@ test-e2e: venv
 	bash scripts/pytest-tier.sh e2e $(PY)
 
 chart-tools: venv
-	bash scripts/build-chart-tools.sh
+	@bash scripts/build-chart-tools.sh
 
 test-chart: chart-tools
 	bash scripts/pytest-tier.sh chart $(PY)

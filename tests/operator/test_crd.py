@@ -59,6 +59,25 @@ def _nodes() -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+# apiextensions.k8s.io/v1 JSONSchemaProps: any other key (e.g. JSON Schema's `const`) makes the
+# API server reject the whole CRD.
+JSON_SCHEMA_PROPS = {
+    "description", "type", "format", "title", "default", "maximum", "exclusiveMaximum",
+    "minimum", "exclusiveMinimum", "maxLength", "minLength", "pattern", "maxItems", "minItems",
+    "uniqueItems", "multipleOf", "enum", "maxProperties", "minProperties", "required", "items",
+    "allOf", "oneOf", "anyOf", "not", "properties", "additionalProperties", "patternProperties",
+    "dependencies", "additionalItems", "externalDocs", "example", "nullable",
+}
+
+
+def test_schema_keys_are_json_schema_props() -> None:
+    for path, node in _nodes():
+        unknown = {
+            k for k in node if k not in JSON_SCHEMA_PROPS and not k.startswith("x-kubernetes-")
+        }
+        assert not unknown, f"{path}: {sorted(unknown)} are not JSONSchemaProps fields"
+
+
 def test_schema_is_structural() -> None:
     """What the API server rejects as non-structural: missing types, $ref, free-form anyOf,
     additionalProperties next to properties, null defaults, titles are harmless but dropped."""

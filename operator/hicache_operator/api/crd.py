@@ -56,6 +56,9 @@ def _clean(node: Schema, defs: dict[str, Schema]) -> Schema:
             continue
         if key == "additionalProperties" and value is False:
             continue  # the API server prunes unknown fields; false is not structural
+        if key == "const":
+            out["enum"] = [value]  # a one-value Literal; CRD schemas have no `const`
+            continue
         out[key] = value
     if "properties" in out:
         required = set(out.get("required", ()))
