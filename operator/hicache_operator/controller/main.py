@@ -1,0 +1,62 @@
+"""Command line of the controller: ``python -m hicache_operator.controller [options]``.
+
+Namespaces come from ``--namespace`` (repeatable), else from the operator configuration's
+``watchNamespaces``, else all namespaces. Metrics are served on ``--metrics-port`` (0 disables)
+and kopf's health endpoint on ``--liveness`` (e.g. ``http://0.0.0.0:8080/healthz``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from collections.abc import Sequence
+
+import kopf
+
+from ..api import OperatorConfig
+from . import metrics
+from .settings import PEERING_NAME
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    parser = parser or argparse.ArgumentParser(
+        prog="python -m hicache_operator.controller",
+        description="Run the SGLangHiCache operator (kopf).")
+    parser.add_argument("-n", "--namespace", action="append", default=[],
+                        help="namespace (or glob) to watch; repeatable; default: the "
+                             "configuration's watchNamespaces, else all namespaces")
+    parser.add_argument("--standalone", action="store_true",
+                        help="no peering: this replica is always active (single replica, dev)")
+    parser.add_argument("--peering", default=PEERING_NAME,
+                        help=f"KopfPeering object name for HA (default {PEERING_NAME})")
+    parser.add_argument("--priority", type=int, default=None, help="peering priority")
+    parser.add_argument("--liveness", default=None,
+                        help="kopf health endpoint, e.g. http://0.0.0.0:8080/healthz")
+    parser.add_argument("--metrics-port", type=int, default=9090,
+                        help="port of the Prometheus /metrics endpoint (0 disables)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from . import handlers  # noqa: F401  (registers the handlers with kopf)
+
+    config = OperatorConfig.from_env()
+    namespaces = list(args.namespace) or list(config.watch_namespaces)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else config.log_level,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    metrics.serve(args.metrics_port)
+    asyncio.run(kopf.operator(
+        standalone=args.standalone,
+        peering_name=None if args.standalone else args.peering,
+        priority=args.priority,
+        liveness_endpoint=args.liveness,
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+    ))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))

@@ -1,0 +1,210 @@
+"""The CR's status, computed from what the operator planned and what the cluster reports.
+
+Pure: inputs are plain dicts (the StatefulSet, its pods and PVCs as read from the API) and the
+planning outcome; the output is the whole ``status`` block. Conditions keep their
+``lastTransitionTime`` while their status is unchanged, so recomputing an unchanged world yields
+an identical status and the operator writes nothing.
+
+Conditions (``docs/operations.md`` explains each reason and what to do):
+
+- ``SpecValid``: ``True``/``Planned``, or ``False``/``InvalidSpec`` listing every problem.
+- ``Ready``: ``True``/``AllReplicasReady`` when every pod is ready on the current revision.
+- ``Progressing``: ``True`` while pods are created or rolled (``Creating``, ``RollingOut``,
+  ``WaitingForPods``); ``False`` when ``Available`` or when blocked (``Stalled``).
+- ``Degraded``: ``True`` with the most important pod-level failure: ``TopologyAffinityError``,
+  ``HugepagesUnavailable``, ``GpusUnavailable``, ``SsdVolumePending``, ``Unschedulable``,
+  ``ImagePullError``, ``CrashLoopBackOff``, ``PodFailed``; else ``False``/``NoFailures``.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+Obj = dict[str, Any]
+CONDITION_TYPES = ("SpecValid", "Ready", "Progressing", "Degraded")
+
+# Most severe first: the first one found becomes the Degraded reason.
+DEGRADED_REASONS = ("TopologyAffinityError", "HugepagesUnavailable", "GpusUnavailable",
+                    "SsdVolumePending", "Unschedulable", "ImagePullError", "CrashLoopBackOff",
+                    "PodFailed")
+# Every reason this module writes, per condition (docs/operations.md explains each).
+REASONS: dict[str, tuple[str, ...]] = {
+    "SpecValid": ("Planned", "InvalidSpec"),
+    "Ready": ("AllReplicasReady", "ReplicasNotReady", "InvalidSpec"),
+    "Progressing": ("Creating", "RollingOut", "WaitingForPods", "Available", "Stalled",
+                    "InvalidSpec"),
+    "Degraded": (*DEGRADED_REASONS, "NoFailures"),
+}
+_IMAGE_PULL = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName"})
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the API reported for one CR's workload."""
+
+    statefulset: Mapping[str, Any] | None = None
+    pods: Sequence[Mapping[str, Any]] = ()
+    pvcs: Sequence[Mapping[str, Any]] = ()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What planning produced: either a plan status block or the spec problems."""
+
+    replicas: int
+    status_plan: Mapping[str, Any] | None = None
+    problems: Sequence[tuple[str, str]] = ()
+    warnings: Sequence[str] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class PodIssue:
+    reason: str
+    pod: str
+    message: str
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _pod_ready(pod: Mapping[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _unschedulable_reason(message: str, pvc_pending: bool) -> str:
+    text = message.lower()
+    if "hugepages" in text:
+        return "HugepagesUnavailable"
+    if "amd.com/gpu" in text or "gpu" in text:
+        return "GpusUnavailable"
+    if pvc_pending or "persistentvolumeclaim" in text or "volume" in text:
+        return "SsdVolumePending"
+    return "Unschedulable"
+
+
+def pod_issues(observed: Observed) -> list[PodIssue]:
+    """Every pod-level failure, most severe first (stable order within a reason)."""
+    pvc_pending = any((p.get("status") or {}).get("phase") == "Pending" for p in observed.pvcs)
+    issues: list[PodIssue] = []
+    for pod in observed.pods:
+        name = (pod.get("metadata") or {}).get("name", "?")
+        status = pod.get("status") or {}
+        if status.get("phase") == "Failed":
+            reason = status.get("reason") or "PodFailed"
+            issues.append(PodIssue(reason if reason in DEGRADED_REASONS else "PodFailed", name,
+                                   status.get("message") or reason))
+            continue
+        for cond in status.get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+                message = cond.get("message") or cond.get("reason") or "unschedulable"
+                issues.append(PodIssue(_unschedulable_reason(message, pvc_pending), name,
+                                       message))
+        for container in status.get("containerStatuses") or []:
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            why = waiting.get("reason", "")
+            if why in _IMAGE_PULL:
+                issues.append(PodIssue("ImagePullError", name,
+                                       f"{container.get('name')}: {waiting.get('message', why)}"))
+            elif why == "CrashLoopBackOff":
+                issues.append(PodIssue("CrashLoopBackOff", name,
+                                       f"{container.get('name')} restarted "
+                                       f"{container.get('restartCount', 0)} times: "
+                                       f"{waiting.get('message', why)}"))
+    if pvc_pending and not any(i.reason == "SsdVolumePending" for i in issues) and \
+            any(not _pod_ready(p) for p in observed.pods):
+        claim = next(p for p in observed.pvcs if (p.get("status") or {}).get("phase") == "Pending")
+        issues.append(PodIssue("SsdVolumePending", (claim.get("metadata") or {}).get("name", "?"),
+                               "the SSD PersistentVolumeClaim is not bound yet"))
+    issues.sort(key=lambda i: (DEGRADED_REASONS.index(i.reason), i.pod))
+    return issues
+
+
+def _condition(kind: str, ok: bool, reason: str, message: str,
+               previous: Mapping[str, Mapping[str, Any]], generation: int) -> Obj:
+    status = "True" if ok else "False"
+    before = previous.get(kind) or {}
+    since = before.get("lastTransitionTime") if before.get("status") == status else None
+    return {"type": kind, "status": status, "reason": reason, "message": message,
+            "observedGeneration": generation, "lastTransitionTime": since or now_iso()}
+
+
+def compute_status(*, generation: int, outcome: Outcome, observed: Observed,
+                   previous: Mapping[str, Any] | None = None) -> Obj:
+    """The full ``status`` block for one CR."""
+    before = {c.get("type"): c for c in (previous or {}).get("conditions") or []}
+
+    def cond(kind: str, ok: bool, reason: str, message: str) -> Obj:
+        return _condition(kind, ok, reason, message, before, generation)
+
+    ready_pods = sum(1 for p in observed.pods if _pod_ready(p))
+    if outcome.problems:
+        listed = "; ".join(f"{path}: {message}" for path, message in outcome.problems)
+        conditions = [
+            cond("SpecValid", False, "InvalidSpec", listed),
+            cond("Ready", False, "InvalidSpec", "the spec is invalid; nothing was changed"),
+            cond("Progressing", False, "InvalidSpec", "fix the spec to continue"),
+            cond("Degraded", False, "NoFailures", "no pod-level failures"),
+        ]
+        out: Obj = {"observedGeneration": generation, "phase": "Invalid",
+                    "replicas": outcome.replicas, "readyReplicas": ready_pods,
+                    "conditions": conditions}
+        if previous and previous.get("plan") is not None:
+            out["plan"] = previous["plan"]  # the last valid plan still describes running pods
+        return out
+
+    sts = observed.statefulset or {}
+    sts_status = sts.get("status") or {}
+    rolled = bool(sts) and (
+        int(sts_status.get("observedGeneration") or 0) >= int(
+            (sts.get("metadata") or {}).get("generation") or 1)
+        and int(sts_status.get("updatedReplicas") or 0) >= outcome.replicas
+        and sts_status.get("currentRevision") == sts_status.get("updateRevision"))
+    ready = rolled and ready_pods >= outcome.replicas and len(observed.pods) == outcome.replicas
+    issues = pod_issues(observed)
+    degraded = issues[0] if issues else None
+    if degraded is not None:
+        extra = f" (and {len(issues) - 1} more)" if len(issues) > 1 else ""
+        degraded_cond = cond("Degraded", True, degraded.reason,
+                             f"pod {degraded.pod}: {degraded.message}{extra}")
+    else:
+        degraded_cond = cond("Degraded", False, "NoFailures", "no pod-level failures")
+    ready_msg = f"{ready_pods}/{outcome.replicas} pods ready"
+    if ready:
+        progressing = cond("Progressing", False, "Available", ready_msg)
+        phase = "Ready"
+    elif degraded is not None:
+        progressing = cond("Progressing", False, "Stalled",
+                           f"{ready_msg}; blocked by {degraded.reason}")
+        phase = "Degraded"
+    else:
+        reason = "Creating" if not sts else ("RollingOut" if not rolled else "WaitingForPods")
+        progressing = cond("Progressing", True, reason, ready_msg)
+        phase = "Progressing" if ready_pods else "Pending"
+    summary = "planned" + (f" with {len(outcome.warnings)} warning(s): "
+                           + "; ".join(outcome.warnings) if outcome.warnings else "")
+    conditions = [cond("SpecValid", True, "Planned", summary),
+                  cond("Ready", ready, "AllReplicasReady" if ready else "ReplicasNotReady",
+                       ready_msg),
+                  progressing, degraded_cond]
+    out = {"observedGeneration": generation, "phase": phase, "replicas": outcome.replicas,
+           "readyReplicas": ready_pods, "conditions": conditions}
+    if outcome.status_plan is not None:
+        out["plan"] = dict(outcome.status_plan)
+    return out
+
+
+def condition(status: Mapping[str, Any] | None, kind: str) -> Mapping[str, Any]:
+    for cond in (status or {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            return dict(cond)
+    return {}
+
+
+def same_status(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool:
+    """Equal, ignoring nothing: timestamps are carried over by ``compute_status`` already."""
+    return dict(a or {}) == dict(b or {})

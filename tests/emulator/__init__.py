@@ -1,0 +1,63 @@
+"""A Kubernetes API emulator for tests and benchmarks, built on kmock (by kopf's author).
+
+It speaks the Kubernetes REST API over loopback HTTP well enough to run the real operator
+(kopf + our API module) against it:
+
+- discovery (``/api``, ``/apis``, group/version resource lists with subresources), ``/version``;
+- CRDs loaded from the chart's generated file (``EmulatorThread(crds=[...])`` /
+  ``KubeEmulator.load_crd``), stored as ``customresourcedefinitions`` objects too;
+- list (label/field selectors, ``limit``/``continue``) and watch (``resourceVersion`` replay
+  from a bounded history, ``410 Gone`` beyond it, bookmarks, ``sendInitialEvents``,
+  ``timeoutSeconds``);
+- create (``generateName``, name format checks), get, replace (PUT), patch (JSON merge, JSON
+  patch with ``test`` ops → 422, strategic merge and apply approximated as merge), delete;
+- ``uid``/``resourceVersion``/``generation``/``creationTimestamp`` assignment; 409 on stale
+  ``resourceVersion`` (PUT, merge patch carrying one, delete preconditions) and on duplicates;
+  no-op writes change nothing (same resourceVersion, no event), as on a real server;
+- the ``status`` subresource (main-resource writes ignore status and vice versa for CRs);
+- finalizers and ``deletionTimestamp``; owner-reference garbage collection (background
+  cascade, ``Orphan`` propagation, dependents created for a missing owner);
+- the StatefulSet update rule: only replicas, ordinals, template, updateStrategy,
+  revisionHistoryLimit, persistentVolumeClaimRetentionPolicy and minReadySeconds may change (422);
+- Events (core ``v1`` and ``events.k8s.io/v1``) stored like any object;
+- CR validation against the CRD schema (pruning, defaults, OpenAPI keywords) and its CEL
+  ``x-kubernetes-validations`` (cel-python), answered with 422 and per-field causes;
+- fault injection (``Fault``): error statuses (409, 500, ...), delays, dropped watches
+  (``drop_after`` events, or ``drop_watches()`` for every open stream);
+- a minimal StatefulSet controller/kubelet (``WorkloadSimulator``) creating pods and PVCs whose
+  states tests set (ready, failed with a reason, unschedulable, image pull / crash loop).
+
+Known gaps versus a real API server (do not rely on these in tests):
+- no authentication/authorization/admission webhooks, no RBAC checks; any token is accepted;
+- built-in kinds are not schema-validated or defaulted (the operator's built-in objects are
+  checked with kubernetes-validate in the planner tests instead);
+- strategic merge patch and server-side apply are plain JSON merge patches: no list merge
+  keys, no managedFields/field ownership, no apply conflicts;
+- no ``deletecollection``; ``Foreground`` propagation behaves like ``Background``;
+- namespaces need not exist; no namespace deletion cascade; no resource quotas or limits;
+- one served version per CRD, no conversion; CEL: no Kubernetes extension libraries
+  (quantity, url, ip, strings ext), no ``messageExpression``, no cost limits; formats unchecked;
+- watch history is bounded (``Store(history_limit)``); bookmarks every ``bookmark_interval``;
+- the StatefulSet simulator replaces all outdated pods at once, never recreates failed pods,
+  and has no scheduler beyond the states tests set; no Deployments/ReplicaSets;
+- no server-side field selectors beyond dotted-path equality; no table output (kubectl get).
+"""
+
+from .faults import Fault, FaultPlan
+from .harness import CHART_CRD, EmulatorThread
+from .server import KubeEmulator, RequestRecord
+from .store import ApiError, ResourceType, Store
+from .workloads import WorkloadSimulator
+
+__all__ = [
+    "CHART_CRD",
+    "ApiError",
+    "EmulatorThread",
+    "Fault",
+    "FaultPlan",
+    "KubeEmulator",
+    "RequestRecord",
+    "ResourceType",
+    "Store",
+    "WorkloadSimulator",
+]
