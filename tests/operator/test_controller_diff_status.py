@@ -170,3 +170,14 @@ def test_permissions_cover_every_call_the_api_module_makes() -> None:
     assert kube.resource_path("apps/v1", "StatefulSet", "ns", "s", "status") == \
         "/apis/apps/v1/namespaces/ns/statefulsets/s/status"
     assert kube.resource_path("v1", "Pod", "ns") == "/api/v1/namespaces/ns/pods"
+
+
+def test_default_peering_priority_differs_per_replica() -> None:
+    """kopf pauses every peer when two share a priority: replicas must not default to one."""
+    from hicache_operator.controller.main import default_priority
+
+    a = default_priority("sglang-hicache-operator-7d9f8b6c5-abcde")
+    b = default_priority("sglang-hicache-operator-7d9f8b6c5-fghij")
+    assert a != b
+    assert 1 <= a <= 10000 and 1 <= b <= 10000
+    assert default_priority("sglang-hicache-operator-7d9f8b6c5-abcde") == a

@@ -10,6 +10,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import socket
+import zlib
 from collections.abc import Sequence
 
 import kopf
@@ -30,13 +33,26 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                         help="no peering: this replica is always active (single replica, dev)")
     parser.add_argument("--peering", default=PEERING_NAME,
                         help=f"KopfPeering object name for HA (default {PEERING_NAME})")
-    parser.add_argument("--priority", type=int, default=None, help="peering priority")
+    parser.add_argument("--priority", type=int, default=None,
+                        help="peering priority (default: derived from POD_NAME/hostname, "
+                             "distinct per replica)")
     parser.add_argument("--liveness", default=None,
                         help="kopf health endpoint, e.g. http://0.0.0.0:8080/healthz")
     parser.add_argument("--metrics-port", type=int, default=9090,
                         help="port of the Prometheus /metrics endpoint (0 disables)")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
+
+
+def default_priority(identity: str | None = None) -> int:
+    """A stable peering priority per replica, in 1..10000.
+
+    kopf pauses *every* operator when two peers share a priority, so the chart's two replicas
+    (which both start without ``--priority``) would both stay paused; a hash of the pod name
+    makes them differ (and a restarted pod keeps its priority).
+    """
+    name = identity or os.environ.get("POD_NAME") or socket.gethostname()
+    return zlib.crc32(name.encode()) % 10000 + 1
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     asyncio.run(kopf.operator(
         standalone=args.standalone,
         peering_name=None if args.standalone else args.peering,
-        priority=args.priority,
+        priority=args.priority if args.priority is not None else default_priority(),
         liveness_endpoint=args.liveness,
         clusterwide=not namespaces,
         namespaces=namespaces,
