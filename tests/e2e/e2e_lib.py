@@ -47,16 +47,14 @@ def example(path: Path, name: str | None = None) -> dict[str, Any]:
 
 
 class Planned:
-    """The planner's output with the controller's documented volume retention applied."""
+    """The planner's output for a CR, as the controller applies it."""
 
     def __init__(self, cr: dict[str, Any]) -> None:
-        from hicache_operator.controller.reconcile import with_volume_retention
-
         body = copy.deepcopy(cr)
         body["metadata"].setdefault("namespace", NAMESPACE)
         result = plan(body, OperatorConfig())
         self.status_plan = result.status_plan
-        self.objects = [with_volume_retention(o, body) for o in result.objects]
+        self.objects = list(result.objects)
 
 
 def planned(cr: dict[str, Any]) -> Planned:

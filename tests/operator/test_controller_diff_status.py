@@ -9,7 +9,6 @@ import json
 from typing import Any
 
 from hicache_operator.controller import diff, status
-from hicache_operator.controller.reconcile import with_volume_retention
 
 
 def _sts(**spec: Any) -> dict[str, Any]:
@@ -56,17 +55,6 @@ def test_covers_compares_numbers_and_bools_strictly_enough() -> None:
     assert diff.covers({"a": 1.0}, {"a": 1})
     assert not diff.covers({"a": 1}, {"a": True})
     assert not diff.covers({"l": [1, 2]}, {"l": [1]})
-
-
-def test_volume_retention_defaults_to_keep_and_follows_the_cr() -> None:
-    sts = _sts(volumeClaimTemplates=[{"metadata": {"name": "ssd"}}])
-    keep = with_volume_retention(sts, {"spec": {}})
-    assert keep["spec"]["persistentVolumeClaimRetentionPolicy"] == {
-        "whenDeleted": "Retain", "whenScaled": "Retain"}
-    cr = {"spec": {"l3": {"ssd": {"volume": {"claimTemplate": {"deleteWithResource": True}}}}}}
-    assert with_volume_retention(sts, cr)["spec"]["persistentVolumeClaimRetentionPolicy"][
-        "whenDeleted"] == "Delete"
-    assert "persistentVolumeClaimRetentionPolicy" not in with_volume_retention(_sts(), cr)["spec"]
 
 
 def _pod(name: str, **pod_status: Any) -> dict[str, Any]:

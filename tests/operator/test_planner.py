@@ -588,3 +588,18 @@ def test_env_names_the_operator_sets_in_the_pod_are_owned() -> None:
         lambda s: s.update(engine={"env": [{"name": "POD_NAME", "value": "x"}]}),
     )
     assert _has(_problems(cr), "spec.engine.env[0].name", "POD_NAME")
+
+
+def test_ssd_volume_retention_keeps_pvcs_unless_the_cr_opts_in() -> None:
+    """PVCs survive scale-down always, and the CR's deletion unless deleteWithResource."""
+    cr = load_example("deepseek-r1-mi355x.yaml")
+    policy = _sts_of(plan(cr, OperatorConfig()))["spec"]["persistentVolumeClaimRetentionPolicy"]
+    assert policy == {"whenDeleted": "Retain", "whenScaled": "Retain"}
+    cr["spec"]["l3"]["ssd"]["volume"]["claimTemplate"]["deleteWithResource"] = True
+    sts = _sts_of(plan(cr, OperatorConfig()))
+    assert sts["spec"]["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Delete"
+    assert "deleteWithResource" not in str(sts["spec"]["volumeClaimTemplates"])
+
+
+def _sts_of(result: Any) -> dict[str, Any]:
+    return next(o for o in result.objects if o["kind"] == "StatefulSet")

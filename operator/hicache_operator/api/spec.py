@@ -239,6 +239,12 @@ class ClaimTemplate(ApiModel):
         default=None, description="StorageClass (e.g. local-nvme); empty uses the cluster default."
     )
     size: Quantity = Field(description="Requested volume size.")
+    delete_with_resource: bool = Field(
+        default=False,
+        description="Delete the per-pod SSD PVCs when the SGLangHiCache is deleted. By default "
+        "they are kept (a warm SSD cache survives a re-create); they are always kept on "
+        "scale-down.",
+    )
 
 
 class EmptyDirVolume(ApiModel):

@@ -203,9 +203,12 @@ def build_statefulset(b: BuildInput) -> dict[str, Any]:
         claim = dict(b.ssd.claim_template)
         claim["metadata"] = {**claim["metadata"], "labels": b.labels("cache")}
         sts_spec["volumeClaimTemplates"] = [claim]
-        # The SSD tier is a cache: its PVCs go with the CR, and survive a scale-down.
+        # A warm SSD cache is worth keeping: PVCs survive a scale-down always, and the CR's
+        # deletion unless it opts in with claimTemplate.deleteWithResource.
+        template = spec.l3.ssd.volume.claim_template if spec.l3.ssd.volume else None
+        delete = bool(template and template.delete_with_resource)
         sts_spec["persistentVolumeClaimRetentionPolicy"] = {
-            "whenDeleted": "Delete",
+            "whenDeleted": "Delete" if delete else "Retain",
             "whenScaled": "Retain",
         }
     return {

@@ -63,21 +63,6 @@ def delete_volumes_with_cr(body: Mapping[str, Any]) -> bool:
     return bool(_claim_template(body).get(DELETE_VOLUMES_FIELD, False))
 
 
-def with_volume_retention(obj: Mapping[str, Any], owner: Mapping[str, Any]) -> Obj:
-    """The documented SSD volume retention policy on a StatefulSet with claim templates.
-
-    PVCs survive scale-down (``whenScaled: Retain``: a cache warmed on SSD is worth keeping)
-    and are deleted with the CR only when the CR sets
-    ``spec.l3.ssd.volume.claimTemplate.deleteWithResource: true``.
-    """
-    out = dict(obj)
-    if out.get("kind") == "StatefulSet" and (out.get("spec") or {}).get("volumeClaimTemplates"):
-        when_deleted = "Delete" if delete_volumes_with_cr(owner) else "Retain"
-        out["spec"] = {**out["spec"], "persistentVolumeClaimRetentionPolicy": {
-            "whenDeleted": when_deleted, "whenScaled": "Retain"}}
-    return out
-
-
 # StatefulSet spec fields the API server refuses to update (everything but replicas, ordinals,
 # template, updateStrategy, revisionHistoryLimit, persistentVolumeClaimRetentionPolicy and
 # minReadySeconds). Changing one means: delete the StatefulSet orphaning its pods, create it
@@ -265,7 +250,7 @@ class Reconciler:
         meta["namespace"] = owner["metadata"]["namespace"]
         meta["ownerReferences"] = [diff.owner_reference(owner)]
         out["metadata"] = meta
-        return diff.with_last_applied(with_volume_retention(out, owner))
+        return diff.with_last_applied(out)
 
     async def _apply(self, want: Obj, have: Obj | None) -> tuple[Obj, str]:
         meta = want["metadata"]
