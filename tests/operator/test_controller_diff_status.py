@@ -169,3 +169,14 @@ def test_default_peering_priority_differs_per_replica() -> None:
     assert a != b
     assert 1 <= a <= 10000 and 1 <= b <= 10000
     assert default_priority("sglang-hicache-operator-7d9f8b6c5-abcde") == a
+
+
+def test_every_condition_reason_is_documented() -> None:
+    """docs/operations.md explains every reason the controller can write."""
+    from pathlib import Path
+
+    from hicache_operator.controller.status import REASONS
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    missing = [r for reasons in REASONS.values() for r in reasons if f"`{r}`" not in doc]
+    assert not missing, f"docs/operations.md does not explain: {missing}"

@@ -11,20 +11,6 @@ from .types import ApiModel
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Invalid"]
 ConditionType = Literal["SpecValid", "Ready", "Progressing", "Degraded"]
 
-# Reasons the controller reports; kept here so the controller and docs use the same words.
-REASONS = (
-    "Valid",
-    "InvalidSpec",
-    "PolicyViolation",
-    "RolloutInProgress",
-    "AllReplicasReady",
-    "TopologyAffinityError",
-    "HugepagesUnavailable",
-    "SsdVolumePending",
-    "PodsNotReady",
-)
-
-
 class Condition(ApiModel):
     """A standard Kubernetes condition."""
 
