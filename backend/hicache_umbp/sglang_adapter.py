@@ -330,15 +330,7 @@ class UMBPHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # sglang is unt
         if not self.is_writer:
             # MLA replicas: one writer per page; SGLang skips backup here too (backup_skip).
             return [True] * n
-        start = time.perf_counter()
-        try:
-            pages = self.page_pointers(host_indices, n)
-            ok = self._run("set", keys, pages)
-        except Exception as e:
-            self._warn.warn("set_error", "batch_set_v1 of %d pages failed: %r", n, e)
-            return [False] * n
-        self._sample(False, ok, pages, start)
-        return ok
+        return self._transfer("set", keys, host_indices)
 
     def batch_get_v1(
         self,
@@ -346,17 +338,21 @@ class UMBPHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # sglang is unt
         host_indices: torch.Tensor,
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> list[bool]:
-        n = len(keys)
-        if n == 0:
+        if not keys:
             return []
+        return self._transfer("get", keys, host_indices)
+
+    def _transfer(self, op: str, keys: list[str], host_indices: torch.Tensor) -> list[bool]:
+        """One v1 batch through the store; any failure becomes ``False`` entries."""
+        n = len(keys)
         start = time.perf_counter()
         try:
             pages = self.page_pointers(host_indices, n)
-            ok = self._run("get", keys, pages)
+            ok = self._run(op, keys, pages)
         except Exception as e:
-            self._warn.warn("get_error", "batch_get_v1 of %d pages failed: %r", n, e)
+            self._warn.warn(f"{op}_error", "batch_%s_v1 of %d pages failed: %r", op, n, e)
             return [False] * n
-        self._sample(True, ok, pages, start)
+        self._sample(op == "get", ok, pages, start)
         return ok
 
     def batch_exists(
