@@ -24,7 +24,7 @@ tests/backend/test_client_contract_mori.py):
   value size and keep batches <= ``slots`` keys.
 * **Standalone**: ``umbp_standalone_server unix:<path>`` (started under the trixie loader, see
   :func:`mori_loader_prefix`) serves one medium configured by ``UMBP_*`` env
-  (:func:`hicache_umbp.config.standalone_server_env`); a client sets
+  (:func:`hicache_umbp.mori_env.standalone_server_env`); a client sets
   ``standalone_process.address``. Only registered, memfd-backed buffers work
   (``UMBPHostBufferBacking.AnonymousShm``): a put from unregistered memory returns False.
   An SSD server refuses to start with ``UMBP_DRAM_CAPACITY`` 0 and stages puts in that DRAM,

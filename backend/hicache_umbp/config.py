@@ -29,12 +29,19 @@ Every problem found is reported at once in one :class:`ConfigError` (a ``ValueEr
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from .parsing import (
+    closest,
+    parse_bool,
+    parse_float,
+    parse_int,
+    parse_per_rank,
+)
 
 ENV_PREFIX = "HICACHE_"
 
@@ -299,107 +306,7 @@ class LaunchConfig:
     report_path: str
 
 
-# ----------------------------------------------------------------------------- value parsers
-
-_TRUE = {"true", "1", "yes", "on"}
-_FALSE = {"false", "0", "no", "off"}
-
-
-def parse_bool(name: str, value: Any) -> bool:
-    """Strict boolean: true/false, 1/0, yes/no, on/off (any case) or a real bool."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str):
-        v = value.strip().lower()
-        if v in _TRUE:
-            return True
-        if v in _FALSE:
-            return False
-    raise ValueError(
-        f"{name}={value!r} is not a boolean; use one of true/false, 1/0, yes/no, on/off"
-    )
-
-
-def parse_int(name: str, value: Any, *, unit: str = "") -> int:
-    """A plain base-10 integer (``bytes`` units reject suffixes such as Gi that mori misreads)."""
-    if isinstance(value, bool):
-        raise ValueError(f"{name}={value!r} is a boolean, not an integer")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
-        v = value.strip()
-        # One optional minus, then ASCII digits ("--1" or "+1" are not plain integers).
-        if v.removeprefix("-").isdigit() and v.isascii():
-            return int(v)
-        if unit == "bytes":
-            raise ValueError(
-                f"{name}={value!r} is not a plain byte count; write the number of bytes "
-                f"(e.g. 10737418240 for 10Gi): mori parses sizes with std::stoull, which would "
-                f"read {value!r} as {_stoull_prefix(v)} bytes"
-            )
-    raise ValueError(f"{name}={value!r} is not an integer")
-
-
-def _stoull_prefix(v: str) -> int:
-    digits = ""
-    for ch in v:
-        if ch not in "0123456789":  # std::stoull reads ASCII digits only
-            break
-        digits += ch
-    return int(digits) if digits else 0
-
-
-def parse_float(name: str, value: Any) -> float:
-    if isinstance(value, bool):
-        raise ValueError(f"{name}={value!r} is a boolean, not a number")
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            f = float(value.strip())
-        except ValueError:
-            pass
-        else:
-            if f == f and f not in (float("inf"), float("-inf")):
-                return f
-    raise ValueError(f"{name}={value!r} is not a number")
-
-
-def _split_list(value: Any) -> list[Any] | None:
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    if isinstance(value, str) and "," in value:
-        return [p.strip() for p in value.split(",")]
-    return None
-
-
-def parse_per_rank(
-    name: str, value: Any, ranks: int, *, unit: str = "", increment: bool = False
-) -> tuple[int, ...]:
-    """One integer per rank: a list, a comma-separated string, or a scalar for every rank.
-
-    A scalar port auto-increments: ``18500`` for 4 ranks means 18500, 18501, 18502, 18503.
-    """
-    items = _split_list(value)
-    if items is None:
-        base = parse_int(name, value, unit=unit)
-        return tuple(base + i if increment else base for i in range(ranks))
-    if len(items) != ranks:
-        which = "shorter" if len(items) < ranks else "longer"
-        raise ValueError(
-            f"{name} has {len(items)} entries, {which} than the {ranks} local ranks "
-            f"(umbp_local_ranks): give exactly one value per rank or a single value"
-        )
-    return tuple(parse_int(f"{name}[{i}]", v, unit=unit) for i, v in enumerate(items))
-
-
-def closest(name: str, candidates: Iterable[str]) -> str:
-    match = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.5)
-    return f" (did you mean {match[0]!r}?)" if match else ""
+# ----------------------------------------------------------------------------- value checks
 
 
 def _check_range(s: Setting, label: str, value: float) -> None:
@@ -620,77 +527,6 @@ def render_env(values: Mapping[str, Any]) -> dict[str, str]:
     if problems:
         raise ConfigError(problems)
     return out
-
-
-def standalone_server_env(
-    medium: Medium,
-    *,
-    capacity_bytes: int,
-    ssd_dir: str = "",
-    io_backend: str = "io_uring",
-    durability: str = "relaxed",
-    hugepage_bytes: int = 0,
-    numa_node: int = -1,
-    value_bytes: int = 8 * MIB,
-    staging_slots: int = 16,
-) -> dict[str, str]:
-    """mori's own ``UMBP_*`` variables for one ``umbp_standalone_server`` (one medium each).
-
-    mori reads sizes with ``std::stoull``: they are rendered as plain byte integers.
-    ``UMBP_ROLE`` is pinned: unset, mori derives it from ``LOCAL_RANK`` (non-zero: follower).
-    An SSD server is an SSD *node* (``UMBP_DISTRIBUTED_MEDIUM=SSD``): it stages each put batch
-    in ``staging_slots`` slots of ``UMBP_DISTRIBUTED_DRAM_PAGE_SIZE`` bytes carved from its DRAM
-    pool, so ``value_bytes`` must cover the largest page part and the DRAM pool is sized to the
-    staging (mori refuses a 0-byte pool). ``UMBP_SSD_BACKEND`` is the store kind (``file``); the
-    1.2.4 server reads no variable for the I/O engine: it uses io_uring and falls back to posix
-    by itself, so ``io_backend="posix"`` cannot be honoured and is rejected.
-    Measured on amd-mori 1.2.4 (tests/backend/test_client_contract_mori.py).
-    """
-    if capacity_bytes <= 0:
-        raise ConfigError([f"standalone {medium} server needs a capacity > 0 bytes"])
-    if medium == "dram":
-        env = {
-            "UMBP_ROLE": "standalone",
-            "UMBP_DRAM_CAPACITY": str(int(capacity_bytes)),
-            "UMBP_SSD_ENABLED": "0",
-        }
-        if hugepage_bytes:
-            env["UMBP_DRAM_USE_HUGEPAGES"] = "1"
-            env["UMBP_DRAM_HUGEPAGE_SIZE"] = str(int(hugepage_bytes))
-        if numa_node >= 0:
-            env["UMBP_DRAM_NUMA_NODE"] = str(int(numa_node))
-        return env
-    problems = []
-    if not ssd_dir:
-        problems.append("standalone ssd server needs ssd_dir")
-    if io_backend != "io_uring":
-        problems.append(
-            f"standalone ssd server: io_backend={io_backend!r} cannot be set (mori 1.2.4 reads "
-            "no env for it; it uses io_uring and falls back to posix itself); use io_uring"
-        )
-    if durability not in ("relaxed", "strict"):
-        problems.append(f"durability={durability!r}; allowed: relaxed, strict")
-    if value_bytes <= 0 or staging_slots <= 0:
-        problems.append("value_bytes and staging_slots must be > 0")
-    if problems:
-        raise ConfigError(problems)
-    staging = int(value_bytes) * int(staging_slots)
-    return {
-        "UMBP_ROLE": "standalone",
-        "UMBP_SSD_ENABLED": "1",
-        "UMBP_SSD_DIR": ssd_dir,
-        "UMBP_SSD_CAPACITY": str(int(capacity_bytes)),
-        "UMBP_SSD_BACKEND": "file",
-        "UMBP_SSD_DURABILITY": durability,
-        "UMBP_DISTRIBUTED_MEDIUM": "SSD",
-        "UMBP_DISTRIBUTED_DRAM_PAGE_SIZE": str(int(value_bytes)),
-        "UMBP_DISTRIBUTED_SSD_STAGING_BUFFER_SLOTS": str(int(staging_slots)),
-        "UMBP_DISTRIBUTED_SSD_STAGING_BUFFER_SIZE": str(staging),
-        "UMBP_DRAM_CAPACITY": str(staging),
-        # The server copies reads out of its staging slots inside the call; the ~3 s default
-        # lease would stall every read batch after the first (hicache_umbp.client).
-        "UMBP_SSD_READ_LEASE_MS": "1",
-    }
 
 
 def describe() -> list[dict[str, Any]]:

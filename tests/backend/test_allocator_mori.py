@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from hicache_umbp.allocator import BASE_PAGE, MIB, HostAllocator, hugepages_free, mapping_info
 from hicache_umbp.client import make_standalone_client
-from hicache_umbp.config import standalone_server_env
+from hicache_umbp.mori_env import standalone_server_env
 
 from .conftest import StandaloneServers
 

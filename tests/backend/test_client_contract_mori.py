@@ -21,7 +21,7 @@ from hicache_umbp.client import (
     make_embedded_ssd_client,
     make_standalone_client,
 )
-from hicache_umbp.config import standalone_server_env
+from hicache_umbp.mori_env import standalone_server_env
 
 from .conftest import StandaloneServers
 from .contract import CHECKS, HostArena, Subject

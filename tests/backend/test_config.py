@@ -19,12 +19,11 @@ from hicache_umbp.config import (
     ConfigError,
     Setting,
     load_store_config,
-    parse_bool,
-    parse_int,
     parse_value,
     render_env,
     render_value,
 )
+from hicache_umbp.parsing import parse_bool, parse_int
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 

@@ -19,8 +19,9 @@ from hicache_umbp.client import (
     make_embedded_ssd_client,
     make_standalone_client,
 )
-from hicache_umbp.config import load_store_config, standalone_server_env
+from hicache_umbp.config import load_store_config
 from hicache_umbp.keys import MHA_PARTS, KeyScheme
+from hicache_umbp.mori_env import standalone_server_env
 from hicache_umbp.store import UMBPStore, build_store
 from hicache_umbp.tiers import MoriShmStaging, TieredClient
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 from hicache_umbp.client import mori_loader_prefix, standalone_server_binary
-from hicache_umbp.config import standalone_server_env
 from hicache_umbp.launch import LaunchError, NodeRoot, plan_launch
 from hicache_umbp.launch.standalone import socket_paths
+from hicache_umbp.mori_env import standalone_server_env
 
 from .conftest import io_uring_ok, launch_env
 from .fakenode import MIB, FakeNode

@@ -1,0 +1,81 @@
+"""mori's own ``UMBP_*`` environment for one ``umbp_standalone_server`` sidecar.
+
+These are mori's variable names, not our ``HICACHE_*`` contract: the operator renders them into
+the sidecar containers, and the tests start real servers with them. Measured on amd-mori 1.2.4
+(tests/backend/test_client_contract_mori.py).
+"""
+
+from __future__ import annotations
+
+from .config import MIB, ConfigError, Medium
+
+
+def standalone_server_env(
+    medium: Medium,
+    *,
+    capacity_bytes: int,
+    ssd_dir: str = "",
+    io_backend: str = "io_uring",
+    durability: str = "relaxed",
+    hugepage_bytes: int = 0,
+    numa_node: int = -1,
+    value_bytes: int = 8 * MIB,
+    staging_slots: int = 16,
+) -> dict[str, str]:
+    """mori's own ``UMBP_*`` variables for one ``umbp_standalone_server`` (one medium each).
+
+    mori reads sizes with ``std::stoull``: they are rendered as plain byte integers.
+    ``UMBP_ROLE`` is pinned: unset, mori derives it from ``LOCAL_RANK`` (non-zero: follower).
+    An SSD server is an SSD *node* (``UMBP_DISTRIBUTED_MEDIUM=SSD``): it stages each put batch
+    in ``staging_slots`` slots of ``UMBP_DISTRIBUTED_DRAM_PAGE_SIZE`` bytes carved from its DRAM
+    pool, so ``value_bytes`` must cover the largest page part and the DRAM pool is sized to the
+    staging (mori refuses a 0-byte pool). ``UMBP_SSD_BACKEND`` is the store kind (``file``); the
+    1.2.4 server reads no variable for the I/O engine: it uses io_uring and falls back to posix
+    by itself, so ``io_backend="posix"`` cannot be honoured and is rejected.
+    Measured on amd-mori 1.2.4 (tests/backend/test_client_contract_mori.py).
+    """
+    if capacity_bytes <= 0:
+        raise ConfigError([f"standalone {medium} server needs a capacity > 0 bytes"])
+    if medium == "dram":
+        env = {
+            "UMBP_ROLE": "standalone",
+            "UMBP_DRAM_CAPACITY": str(int(capacity_bytes)),
+            "UMBP_SSD_ENABLED": "0",
+        }
+        if hugepage_bytes:
+            env["UMBP_DRAM_USE_HUGEPAGES"] = "1"
+            env["UMBP_DRAM_HUGEPAGE_SIZE"] = str(int(hugepage_bytes))
+        if numa_node >= 0:
+            env["UMBP_DRAM_NUMA_NODE"] = str(int(numa_node))
+        return env
+    problems = []
+    if not ssd_dir:
+        problems.append("standalone ssd server needs ssd_dir")
+    if io_backend != "io_uring":
+        problems.append(
+            f"standalone ssd server: io_backend={io_backend!r} cannot be set (mori 1.2.4 reads "
+            "no env for it; it uses io_uring and falls back to posix itself); use io_uring"
+        )
+    if durability not in ("relaxed", "strict"):
+        problems.append(f"durability={durability!r}; allowed: relaxed, strict")
+    if value_bytes <= 0 or staging_slots <= 0:
+        problems.append("value_bytes and staging_slots must be > 0")
+    if problems:
+        raise ConfigError(problems)
+    staging = int(value_bytes) * int(staging_slots)
+    return {
+        "UMBP_ROLE": "standalone",
+        "UMBP_SSD_ENABLED": "1",
+        "UMBP_SSD_DIR": ssd_dir,
+        "UMBP_SSD_CAPACITY": str(int(capacity_bytes)),
+        "UMBP_SSD_BACKEND": "file",
+        "UMBP_SSD_DURABILITY": durability,
+        "UMBP_DISTRIBUTED_MEDIUM": "SSD",
+        "UMBP_DISTRIBUTED_DRAM_PAGE_SIZE": str(int(value_bytes)),
+        "UMBP_DISTRIBUTED_SSD_STAGING_BUFFER_SLOTS": str(int(staging_slots)),
+        "UMBP_DISTRIBUTED_SSD_STAGING_BUFFER_SIZE": str(staging),
+        "UMBP_DRAM_CAPACITY": str(staging),
+        # The server copies reads out of its staging slots inside the call; the ~3 s default
+        # lease would stall every read batch after the first (hicache_umbp.client).
+        "UMBP_SSD_READ_LEASE_MS": "1",
+    }
