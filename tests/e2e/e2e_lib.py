@@ -28,6 +28,11 @@ CHILD_RESOURCES = (("apps/v1", "statefulsets"), ("v1", "services"), ("v1", "conf
 RESYNC_S = float(os.environ.get("SGLANG_HICACHE_RESYNC_SECONDS", "1"))
 
 
+def selector(name: str) -> str:
+    """The labels of one CR's objects (the instance label alone is shared with other tools)."""
+    return f"app.kubernetes.io/name=sglang-hicache,app.kubernetes.io/instance={name}"
+
+
 def load_crds() -> list[dict[str, Any]]:
     """Every CRD the chart installs (``crds/*.yaml``: SGLangHiCache, kopf peering). The
     SGLangHiCache CRD is generated from the models only when the chart copy is missing."""
@@ -110,8 +115,7 @@ class Cluster:
     def children(self, name: str) -> dict[tuple[str, str], dict[str, Any]]:
         found = {}
         for api_version, plural in CHILD_RESOURCES:
-            for obj in self.emu.list(api_version, plural, NAMESPACE,
-                                     f"app.kubernetes.io/instance={name}"):
+            for obj in self.emu.list(api_version, plural, NAMESPACE, selector(name)):
                 found[(obj["kind"], obj["metadata"]["name"])] = obj
         return found
 
@@ -139,7 +143,7 @@ class Cluster:
                          timeout)
 
     def pods(self, name: str) -> list[dict[str, Any]]:
-        return self.emu.list("v1", "pods", NAMESPACE, f"app.kubernetes.io/instance={name}")
+        return self.emu.list("v1", "pods", NAMESPACE, selector(name))
 
     def mark_pods_ready(self, name: str, count: int) -> None:
         pods = self.wait(lambda: (lambda p: p if len(p) >= count else [])(self.pods(name)),

@@ -85,6 +85,8 @@ def test_mode_change_rolls_the_pod_template(cluster: Cluster, operator: Any) -> 
     want = next(o for o in planned(cr).objects if o["kind"] == "StatefulSet")
     assert _pod_containers(embedded) == _pod_containers(want)
     assert embedded["spec"]["template"] != standalone["spec"]["template"]
+    cluster.wait(lambda: ((cluster.cr("modes") or {}).get("status") or {}).get(
+        "observedGeneration") == 2, "observedGeneration 2 after the mode change")
 
 
 def test_drift_is_corrected_and_deletion_removes_children(
@@ -181,3 +183,39 @@ def test_immutable_statefulset_change_recreates_it_keeping_pods(
     assert adopted["metadata"]["uid"] == pod["metadata"]["uid"]  # the same pod kept running
     cluster.wait(lambda: [e for e in cluster.events("grow") if "recreated" in e["message"]],
                  "an Applied event saying the StatefulSet was recreated")
+
+
+def test_ssd_volumes_go_with_the_cr_when_it_asks_and_foreign_objects_stay(
+        cluster: Cluster, operator: Any) -> None:
+    """``claimTemplate.deleteWithResource``: the CR's SSD claims are deleted with it. A pod and
+    a PVC of another tool that share only the instance label (a Helm release of the same name)
+    are neither counted in the CR's status nor deleted with it."""
+    cr = example(EXAMPLES[0], "gone")  # deepseek-r1: SSD on a per-pod PVC, one replica
+    cr["spec"]["l3"]["ssd"]["volume"]["claimTemplate"]["deleteWithResource"] = True
+    foreign = {"app.kubernetes.io/instance": "gone", "app.kubernetes.io/component": "cache",
+               "app.kubernetes.io/managed-by": "Helm"}
+    cluster.emu.create("v1", "persistentvolumeclaims", {
+        "metadata": {"name": "data-gone-postgres-0", "namespace": NAMESPACE, "labels": foreign},
+        "spec": {"resources": {"requests": {"storage": "1Gi"}}}})
+    cluster.emu.create("v1", "pods", {
+        "metadata": {"name": "gone-postgres-0", "namespace": NAMESPACE, "labels": foreign},
+        "spec": {"containers": [{"name": "db", "image": "postgres"}]},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}})
+    cluster.apply(cr)
+    cluster.wait_children(cr)
+    ours = cluster.wait(lambda: [p for p in cluster.emu.list(
+        "v1", "persistentvolumeclaims", NAMESPACE) if p["metadata"]["name"] != "data-gone-"
+        "postgres-0"], "the CR's SSD claim")
+    cluster.mark_pods_ready("gone", 1)
+    cluster.wait_condition("gone", "Ready", "True", "AllReplicasReady")
+    status = (cluster.cr("gone") or {})["status"]
+    assert (status["readyReplicas"], status["phase"]) == (1, "Ready")
+    cluster.delete_cr("gone")
+    cluster.wait(lambda: cluster.cr("gone") is None and not cluster.children("gone"),
+                 "the CR and its children to be gone")
+    cluster.wait(lambda: not any(cluster.emu.find("v1", "persistentvolumeclaims", NAMESPACE,
+                                                  p["metadata"]["name"]) for p in ours),
+                 "the CR's SSD claims to be deleted")
+    assert cluster.emu.find("v1", "persistentvolumeclaims", NAMESPACE,
+                            "data-gone-postgres-0") is not None
+    assert cluster.emu.find("v1", "pods", NAMESPACE, "gone-postgres-0") is not None

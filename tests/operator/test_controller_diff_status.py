@@ -120,6 +120,23 @@ def test_pending_pvc_gpus_image_pull_and_crash_loop() -> None:
                        "CrashLoopBackOff"]
 
 
+def test_kubelet_admission_rejections_name_the_missing_resource() -> None:
+    """A pod the kubelet refuses at admission (``Failed``, reason ``OutOf<resource>``) is
+    reported as the resource it lacks; other failures stay ``PodFailed``."""
+    failed = [
+        _pod("a", phase="Failed", reason="OutOfhugepages-2Mi",
+             message="Node didn't have enough resource: hugepages-2Mi, requested: 1073741824"),
+        _pod("b", phase="Failed", reason="OutOfamd.com/gpu", message="no GPUs left"),
+        _pod("c", phase="Failed", reason="OutOfcpu", message="no CPUs left"),
+        _pod("d", phase="Failed", reason="Evicted", message="disk pressure"),
+    ]
+    issues = status.pod_issues(status.Observed(STS, failed))
+    assert [(i.reason, i.pod) for i in issues] == [
+        ("HugepagesUnavailable", "a"), ("GpusUnavailable", "b"), ("PodFailed", "c"),
+        ("PodFailed", "d")]
+    assert issues[0].message.startswith("Node didn't have enough resource: hugepages-2Mi")
+
+
 def test_invalid_spec_keeps_the_last_plan_and_lists_problems() -> None:
     previous = {"plan": {"gpusPerPod": 8}}
     outcome = status.Outcome(replicas=1, problems=[("spec.a", "bad"), ("spec.b", "worse")])

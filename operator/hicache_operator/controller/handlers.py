@@ -26,10 +26,19 @@ from ..api import API_VERSION as CR_API_VERSION
 from ..api import GROUP, KIND, PLURAL, VERSION, OperatorConfig
 from . import settings as operator_settings
 from .kube import CHILD_KINDS, KubeClient, KubeError
-from .reconcile import INSTANCE_LABEL, NAME_LABEL, Reconciler, Result, delete_volumes_with_cr
+from .reconcile import (
+    APP_NAME,
+    COMPONENT_LABEL,
+    INSTANCE_LABEL,
+    NAME_LABEL,
+    SSD_CLAIM_COMPONENT,
+    Reconciler,
+    Result,
+    delete_volumes_with_cr,
+    instance_selector,
+)
 
 RESYNC_SECONDS = float(os.environ.get("SGLANG_HICACHE_RESYNC_SECONDS", "60"))
-APP_NAME = "sglang-hicache"
 log = logging.getLogger("hicache_operator.controller")
 
 
@@ -127,14 +136,17 @@ async def delete(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
     kube = runtime().kube
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
-    selector = f"{INSTANCE_LABEL}={name}"
-    kinds = list(CHILD_KINDS)
+    selector = instance_selector(name)
+    # SSD claims carry no owner reference to the CR (the StatefulSet controller makes them from
+    # volumeClaimTemplates): they are found by all three of the template's labels instead.
+    claim_selector = f"{selector},{COMPONENT_LABEL}={SSD_CLAIM_COMPONENT}"
+    kinds = [(api_version, kind, selector) for api_version, kind in CHILD_KINDS]
     if delete_volumes_with_cr(body):
-        kinds.append(("v1", "PersistentVolumeClaim"))
+        kinds.append(("v1", "PersistentVolumeClaim", claim_selector))
     try:
         async with runtime().reconciler.begin_delete(namespace, name, uid):
-            for api_version, kind in kinds:
-                for obj in await kube.list(api_version, kind, namespace, selector):
+            for api_version, kind, kind_selector in kinds:
+                for obj in await kube.list(api_version, kind, namespace, kind_selector):
                     refs = obj["metadata"].get("ownerReferences") or []
                     owned = any(r.get("uid") == uid for r in refs)
                     if owned or kind == "PersistentVolumeClaim":

@@ -23,6 +23,9 @@ Obj = dict[str, Any]
 ChildKey = tuple[str, str, str]  # apiVersion, kind, name
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 NAME_LABEL = "app.kubernetes.io/name"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+APP_NAME = "sglang-hicache"
+SSD_CLAIM_COMPONENT = "cache"  # the component label of the SSD volumeClaimTemplates
 # A CR that sets this (spec.l3.ssd.volume.claimTemplate.<field>) has its SSD PVCs deleted with it.
 DELETE_VOLUMES_FIELD = "deleteWithResource"
 log = logging.getLogger("hicache_operator.controller")
@@ -61,6 +64,13 @@ def _claim_template(body: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def delete_volumes_with_cr(body: Mapping[str, Any]) -> bool:
     return bool(_claim_template(body).get(DELETE_VOLUMES_FIELD, False))
+
+
+def instance_selector(name: str) -> str:
+    """The label selector of one CR's objects. Both labels, not the instance label alone: other
+    tools (Helm releases, for one) set ``app.kubernetes.io/instance`` too, and a same-named
+    release's pods or PVCs must neither count in this CR's status nor be deleted with it."""
+    return f"{NAME_LABEL}={APP_NAME},{INSTANCE_LABEL}={name}"
 
 
 # StatefulSet spec fields the API server refuses to update (everything but replicas, ordinals,
@@ -194,7 +204,7 @@ class Reconciler:
             outcome = status.Outcome(replicas=replicas, status_plan=planned.status_plan,
                                      warnings=list(planned.warnings))
 
-        selector = f"{INSTANCE_LABEL}={name}"
+        selector = instance_selector(name)
         live: dict[ChildKey, Obj] = {}
         for api_version, kind in CHILD_KINDS:
             for obj in await self.kube.list(api_version, kind, namespace, selector):

@@ -87,6 +87,21 @@ def _unschedulable_reason(message: str, pvc_pending: bool) -> str:
     return "Unschedulable"
 
 
+def _failed_reason(reason: str) -> str:
+    """The Degraded reason of a ``Failed`` pod. Besides ``TopologyAffinityError``, the kubelet
+    rejects a pod at admission with ``OutOf<resource>`` when the node is short of a resource the
+    scheduler counted on (e.g. ``OutOfhugepages-2Mi`` when the pre-allocated pool shrank)."""
+    if reason in DEGRADED_REASONS:
+        return reason
+    if reason.startswith("OutOf"):
+        resource = reason[len("OutOf"):].lower()
+        if resource.startswith("hugepages-"):
+            return "HugepagesUnavailable"
+        if "gpu" in resource:
+            return "GpusUnavailable"
+    return "PodFailed"
+
+
 def pod_issues(observed: Observed) -> list[PodIssue]:
     """Every pod-level failure, most severe first (stable order within a reason)."""
     pvc_pending = any((p.get("status") or {}).get("phase") == "Pending" for p in observed.pvcs)
@@ -96,8 +111,7 @@ def pod_issues(observed: Observed) -> list[PodIssue]:
         status = pod.get("status") or {}
         if status.get("phase") == "Failed":
             reason = status.get("reason") or "PodFailed"
-            issues.append(PodIssue(reason if reason in DEGRADED_REASONS else "PodFailed", name,
-                                   status.get("message") or reason))
+            issues.append(PodIssue(_failed_reason(reason), name, status.get("message") or reason))
             continue
         for cond in status.get("conditions") or []:
             if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
