@@ -24,7 +24,10 @@ lock=${MORI_RUNTIME_LOCK:-$root/scripts/mori-runtime.lock}
 sysroot=$env_dir/sysroot
 stamp=$env_dir/.built
 # Python packages of the mori venv; amd-mori ships only cp310/cp312 wheels (cp310 used here).
-pip_pins=(amd-mori==1.2.4 numpy==2.2.6 pytest==9.2.0 pytest-timeout==2.4.0 hypothesis==6.168.5)
+pip_pins=(amd-mori==1.2.4 numpy==2.2.6 pytest==9.2.0 pytest-timeout==2.4.0 hypothesis==6.168.5
+          # ... and what those pull in, pinned too so a later rebuild gets the same venv
+          exceptiongroup==1.3.2 iniconfig==2.3.1 packaging==26.4 pluggy==1.7.0 Pygments==2.21.0
+          sortedcontainers==2.4.0 tomli==2.5.0 typing_extensions==4.16.0)
 
 log() { echo "build-mori-env: $*" >&2; }
 die() { echo "build-mori-env: ERROR: $*" >&2; exit 1; }
@@ -66,8 +69,9 @@ done < "$lock"
 
 if [ "${#missing_pkgs[@]}" -gt 0 ]; then
   command -v apt-get >/dev/null || die "apt-get not found and these .debs are not cached: ${missing_pkgs[*]}"
-  apt_dir=$root/.cache/apt-private
-  rm -rf "$apt_dir"
+  # A private, throw-away apt tree (removed on any exit, failures included).
+  apt_dir=$(mktemp -d "${TMPDIR:-/tmp}/mori-apt.XXXXXX")
+  trap 'rm -rf "$apt_dir"' EXIT
   mkdir -p "$apt_dir"/{state/lists/partial,cache/archives/partial,etc/sources.list.d,etc/preferences.d,dl}
   : > "$apt_dir/state/status"
   keyring=/usr/share/keyrings/debian-archive-keyring.gpg
@@ -90,7 +94,7 @@ if [ "${#missing_pkgs[@]}" -gt 0 ]; then
             -o "Acquire::Languages=none" -o "APT::Sandbox::User=root" -o "Debug::NoLocking=1")
   log "downloading ${#missing_pkgs[@]} pinned .deb(s) through a private apt configuration"
   apt-get -q "${apt_opts[@]}" update >&2 || die "apt-get update failed for suites: \
-$(printf '%s\n' "${missing_suites[@]}" | sort -u | tr '\n' ' ')(private config in $apt_dir)"
+$(printf '%s\n' "${missing_suites[@]}" | sort -u | tr '\n' ' ')(is deb.debian.org reachable?)"
   gone=()
   for entry in "${missing_pkgs[@]}"; do
     IFS=@ read -r pkgver suite file sha <<< "$entry"

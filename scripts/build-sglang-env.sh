@@ -96,6 +96,27 @@ sentencepiece==0.2.1
 compressed-tensors==0.18.0
 apache-tvm-ffi==0.1.11
 EOF
+# Everything else the venv holds (direct and transitive), as resolved when the tier was built
+# (2026-11-29), so a rebuild months later gets the same packages; one pin per word.
+cat >>"$constraints" <<'PINS'
+aiohappyeyeballs==2.7.1 aiohttp==3.14.5 aiosignal==1.4.0 annotated-doc==0.0.7
+annotated-types==0.8.0 anyio==4.16.0 asttokens==3.0.2 attrs==26.1.0 certifi==2026.10.19.post1
+charset-normalizer==3.5.3 click==8.5.1 dill==0.4.1 einops==0.8.2 executing==2.3.0
+filelock==4.3.1 frozenlist==1.8.0 fsspec==2026.9.0 gguf==0.19.0 h11==0.16.0 hf-xet==1.8.0
+httpcore==1.0.9 httpx==0.28.1 huggingface_hub==1.33.0 hypothesis==6.170.17 idna==3.20
+iniconfig==2.3.1 ipython==9.18.1 ipython_pygments_lexers==1.1.1 jedi==0.20.1 Jinja2==3.1.6
+loguru==0.7.3 markdown-it-py==4.3.0 MarkupSafe==3.0.4 matplotlib-inline==0.2.2 mdurl==0.1.2
+mpmath==1.3.0 msgspec==0.23.0 multidict==7.2.1 networkx==3.6.1 ninja==1.13.2 numpy==2.4.6
+orjson==3.13.0 packaging==26.4 parso==0.8.7 pexpect==4.9.0 pillow==13.0.0 pluggy==1.7.0
+prompt_toolkit==3.0.53 propcache==0.5.4 psutil==7.2.2 ptyprocess==0.7.0 pure_eval==0.2.4
+pybase64==1.5.1 pydantic==2.14.4 pydantic_core==2.50.5 Pygments==2.21.0 pytest==9.2.0
+pytest-timeout==2.4.0 PyYAML==6.0.4 pyzmq==27.3.0 regex==2026.11.19 requests==2.34.2
+rich==15.0.0 safetensors==0.8.0 setproctitle==1.3.8 shellingham==1.5.4 sortedcontainers==2.4.0
+stack-data==0.6.3 starlette==1.10.0 sympy==1.14.0 tqdm==4.70.1 traitlets==5.16.1 typer==0.29.2
+typing_extensions==4.16.0 typing-inspection==0.4.5 urllib3==2.8.0 wcwidth==0.9.4 xxhash==4.1.0
+yarl==1.25.1
+PINS
+sed -i 's/  */\n/g' "$constraints"  # the block above: one pin per line
 pip_install() { "$vpy" -m pip install -q --disable-pip-version-check -c "$constraints" "$@"; }
 
 "$vpy" -m pip install -q --disable-pip-version-check --upgrade "pip>=24" "setuptools>=77" wheel

@@ -409,6 +409,9 @@ def _resolve(
     for s in SETTINGS:
         if s.scope not in scopes:
             continue
+        if s.key in ("umbp_local_ranks", "umbp_mode"):  # parsed above: one error, not two
+            sources[s.key] = raw[s.key][0] if s.key in raw else "default"
+            continue
         if s.key in raw:
             label, v = raw[s.key]
             if mode not in s.modes:

@@ -48,8 +48,12 @@ def parse_int(name: str, value: Any, *, unit: str = "") -> int:
         if unit == "bytes":
             raise ValueError(
                 f"{name}={value!r} is not a plain byte count; write the number of bytes "
-                f"(e.g. 10737418240 for 10Gi): mori parses sizes with std::stoull, which would "
-                f"read {value!r} as {_stoull_prefix(v)} bytes"
+                f"(e.g. 10737418240 for 10Gi): mori parses sizes with std::stoull, which "
+                + (
+                    f"would read {value!r} as {_stoull_prefix(v)} bytes"
+                    if v[:1].isdigit()
+                    else f"cannot parse {value!r} at all"
+                )
             )
     raise ValueError(f"{name}={value!r} is not an integer")
 

@@ -114,6 +114,7 @@ class TieredClient:
         self._room = threading.Condition(self._lock)  # signalled when the writer frees slots
         self._stats = TierStats()
         self._closed = False
+        self._inflight = 0  # puts holding ring slots not yet queued (close() waits for them)
         self._staging: StagingBuffer | None = None
         self._ring: Ring | None = None
         self._pending: dict[str, Slot] = {}  # queued keys, readable until written
@@ -139,18 +140,26 @@ class TieredClient:
             return [False] * n
         slots = self._reserve(keys, sizes) if self.write_policy == "write_back" else None
         if slots is not None:
-            base = self._staging.ptr if self._staging is not None else 0
-            for slot, src in zip(slots, ptrs, strict=True):
-                ctypes.memmove(base + slot.offset, src, slot.size)
-        stored = self._checked("dram_put", self.dram.batch_put_from_ptr, keys, ptrs, sizes)
-        if slots is not None:
-            with self._lock:
+            # Holding slots counts as in flight: close() keeps the staging ring mapped and the
+            # writer's leftovers drain pending until these slots are queued.
+            try:
+                staging = self._staging
+                assert staging is not None
+                for slot, src in zip(slots, ptrs, strict=True):
+                    ctypes.memmove(staging.ptr + slot.offset, src, slot.size)
+                self._checked("dram_put", self.dram.batch_put_from_ptr, keys, ptrs, sizes)
+                with self._lock:
+                    for slot in slots:
+                        self._pending[slot.key] = slot
+                    self._stats.writeback_queued += n
                 for slot in slots:
-                    self._pending[slot.key] = slot
-                self._stats.writeback_queued += n
-            for slot in slots:
-                self._queue.put(slot)
+                    self._queue.put(slot)
+            finally:
+                with self._room:
+                    self._inflight -= 1
+                    self._room.notify_all()
             return [True] * n
+        stored = self._checked("dram_put", self.dram.batch_put_from_ptr, keys, ptrs, sizes)
         ok = self._ssd_batches(self.ssd.batch_put_from_ptr, keys, ptrs, sizes)
         with self._lock:
             self._stats.ssd_direct_writes += sum(ok)
@@ -251,19 +260,22 @@ class TieredClient:
                 return
             self._closed = True  # later puts write through
             self._room.notify_all()
+            # Puts that reserved ring slots before this point queue them before we drain.
+            self._room.wait_for(lambda: self._inflight == 0)
         if self._writer is not None:
             self._queue.put(None)
             self._writer.join()
             # A put that reserved slots before close() may have queued them behind the stop.
             self._drain_leftovers()
-        if self._staging is not None:
+        with self._lock:  # a concurrent ring read (_read_pending) sees None, never a freed ring
+            staging, self._staging = self._staging, None
+        if staging is not None:
             for client in (self.dram, self.ssd):
                 try:
-                    client.deregister_memory(self._staging.ptr)
+                    client.deregister_memory(staging.ptr)
                 except Exception as e:
                     self._warn.warn("staging_deregister", "deregister_memory raised %r", e)
-            self._staging.close()
-            self._staging = None
+            staging.close()
         if self._on_close is not None:
             self._on_close()
 
@@ -294,6 +306,7 @@ class TieredClient:
                 return None
             slots = take()
             if slots is not None:
+                self._inflight += 1
                 return slots
             self._stats.writeback_waits += 1
             taken: list[list[Slot]] = []
@@ -308,6 +321,7 @@ class TieredClient:
 
             self._room.wait_for(ready, self._queue_wait_s)
             if taken:
+                self._inflight += 1
                 return taken[0]
             if not self._closed:
                 self._stats.writeback_wait_timeouts += 1

@@ -242,3 +242,24 @@ def test_extra_config_wins_over_env_which_wins_over_defaults() -> None:
     assert cfg.sources["umbp_dram_bytes"] == "extra-config 'umbp_dram_bytes'"
     assert cfg.sources["umbp_namespace"] == "HICACHE_UMBP_NAMESPACE"
     assert cfg.sources["umbp_log_interval_s"] == "default"
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        ({"umbp_mode": "foo"}, "'umbp_mode'='foo' is not allowed; allowed values: embedded"),
+        ({"umbp_local_ranks": "x"}, "'umbp_local_ranks'='x' is not an integer"),
+    ],
+)
+def test_a_bad_mode_or_rank_count_is_reported_once(extra: dict[str, str], needle: str) -> None:
+    """Mode and rank count are parsed first (other settings depend on them): one problem each."""
+    with pytest.raises(ConfigError) as err:
+        load_store_config({**extra, "umbp_dram_bytes": "1024"}, env={})
+    assert [p for p in err.value.problems if needle in p] == [err.value.problems[0]]
+    assert len(err.value.problems) == 1
+
+
+def test_a_size_without_digits_is_not_claimed_to_parse() -> None:
+    """std::stoull throws on 'abc' (no leading digits); the message must not say '0 bytes'."""
+    with pytest.raises(ConfigError, match=r"HICACHE_UMBP_DRAM_BYTES='abc'.*cannot parse 'abc'"):
+        load_store_config(env={"HICACHE_UMBP_DRAM_BYTES": "abc"})

@@ -267,6 +267,52 @@ def test_close_drains_the_queue_and_stops_the_thread() -> None:
     assert ssd_bytes(ssd, "after") == src.item(0)
 
 
+class GatedDram(MemoryUMBPClient):
+    """A DRAM double whose puts from a thread named ``late-put`` wait for ``gate``."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self.gate = threading.Event()
+        self.put_waiting = threading.Event()
+
+    def batch_put_from_ptr(
+        self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int]
+    ) -> list[bool]:
+        if threading.current_thread().name == "late-put":
+            self.put_waiting.set()
+            self.gate.wait()
+        return super().batch_put_from_ptr(keys, ptrs, sizes)
+
+
+def test_close_waits_for_a_put_that_holds_ring_slots() -> None:
+    """A put that reserved write-back slots before close() must still reach SSD: close waits
+    for it instead of draining an empty queue and unmapping the ring under it. Real: the
+    tiering, ring and threads; faked: both clients (doubles, DRAM put held by an event)."""
+    dram, ssd = GatedDram(1 << 20), MemoryUMBPClient(1 << 24, max_batch=16)
+    tiers = TieredClient(dram, ssd)
+    src = Buf(4)
+    results: list[list[bool]] = []
+    put = threading.Thread(
+        target=lambda: results.append(
+            tiers.batch_put_from_ptr(keys(4, "late"), src.ptrs(), src.sizes(4))
+        ),
+        name="late-put",
+    )
+    put.start()
+    assert dram.put_waiting.wait(60)  # the put holds its ring slots, inside the DRAM call
+    closer = threading.Thread(target=tiers.close)
+    closer.start()
+    # A correct close() blocks until the put is done (the join just times out); a close()
+    # that does not wait finishes here and the put's pages never reach SSD.
+    closer.join(0.5)
+    dram.gate.set()
+    put.join(60)
+    closer.join(60)
+    assert not put.is_alive() and not closer.is_alive()
+    assert results == [[True] * 4]
+    assert [ssd_bytes(ssd, k) for k in keys(4, "late")] == [src.item(i) for i in range(4)]
+
+
 def test_bad_policy_is_refused_with_the_allowed_values() -> None:
     with pytest.raises(ValueError, match=r"write_policy='lazy'.*write_back, write_through"):
         TieredClient(MemoryUMBPClient(1), MemoryUMBPClient(1), write_policy="lazy")
