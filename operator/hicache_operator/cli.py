@@ -43,7 +43,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         config = OperatorConfig.from_file(args.config) if args.config else OperatorConfig.from_env()
         facts = None
         if args.node_facts:
-            facts = NodeFacts.model_validate(_load_yaml(args.node_facts) or {})
+            facts = NodeFacts.from_mapping(
+                _load_yaml(args.node_facts) or {}, source=args.node_facts
+            )
         docs = [
             d
             for d in yaml.safe_load_all(

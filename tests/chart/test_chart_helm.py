@@ -6,6 +6,7 @@ Kubernetes 1.33 schemas in strict mode. Nothing is faked.
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -179,6 +180,10 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
     ({"operatorConfig": {"policy": {"allowHostPID": True}}},
      "Additional property allowHostPID is not allowed"),
     ({"operatorConfig": {"watchNamespaces": ["Bad_NS"]}}, "operatorConfig.watchNamespaces.0"),
+    ({"operatorConfig": {"enginePodSecurity": {"supplementalGroups": [-1]}}},
+     "operatorConfig.enginePodSecurity.supplementalGroups.0"),
+    ({"operatorConfig": {"enginePodSecurity": {"runAsUser": "sglang"}}},
+     "operatorConfig.enginePodSecurity.runAsUser"),
     ({"metrics": {"port": 70000}}, "metrics.port"),
     ({"health": {"port": 9090}}, "health.port and metrics.port must differ"),
     ({"resources": {"limits": {"gpu": 1}}}, "Additional property gpu is not allowed"),
@@ -207,6 +212,12 @@ def test_notes_tell_how_to_apply_an_example_and_check_status(tmp_path: Path) -> 
     objects = helm_template(chart=copy, extra=["--show-only", "templates/notes-preview.yaml"])
     notes = objects[0]["data"]["notes"]
     assert "kubectl apply -n <namespace> -f examples/" in notes
+    # kubectl refuses `-n X` for an object that names another namespace itself
+    applied = re.findall(r"kubectl apply -n <namespace> -f (examples/\S+)", notes)
+    assert applied
+    for example in applied:
+        doc = yaml.safe_load((CHART.parents[1] / example).read_text())
+        assert "namespace" not in doc["metadata"], f"{example} cannot be applied with -n"
     assert "kubectl get sglanghicaches" in notes and "status.conditions" in notes
     assert f"-n {NAMESPACE} rollout status deployment/shc-sglang-hicache-operator" in notes
     assert "hostPath SSD volumes are refused" in notes

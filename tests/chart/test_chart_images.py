@@ -78,7 +78,18 @@ def test_engine_image_runs_the_launcher_and_ships_the_standalone_server() -> Non
     assert json.loads(entrypoint) == ["python3", "-m", "hicache_umbp.launch"]
     assert any(i == "RUN" and "/usr/local/bin/umbp_standalone_server" in a for i, a in steps)
     users = [a for i, a in steps if i == "USER"]
-    assert users[-1] == "10001"
+    # the operator pins this uid in engine pods (runAsUser, runAsNonRoot): they must agree
+    from hicache_operator.api.config import ENGINE_IMAGE_UID, EnginePodSecurity
+
+    assert users[-1] == str(ENGINE_IMAGE_UID) == str(EnginePodSecurity().run_as_user)
+    # the pod's command (not the ENTRYPOINT) starts the launcher: its interpreter must exist
+    from hicache_operator.planner.engine import LAUNCH_COMMAND
+
+    interpreter = LAUNCH_COMMAND[0]
+    assert interpreter == "python3" or any(
+        i == "RUN" and f"/usr/local/bin/{interpreter};" in a and "command -v python3" in a
+        for i, a in steps
+    ), f"the engine image does not guarantee `{interpreter}` for the pod command"
     # the launcher module the entrypoint runs exists in the backend package
     assert (ROOT / "backend" / "hicache_umbp" / "launch").exists()
 
@@ -107,3 +118,13 @@ def test_chart_and_image_versions_follow_the_project_version() -> None:
     readme = (ROOT / "images" / "README.md").read_text()
     assert versions.ENGINE_BASE_IMAGE in readme
     assert f"amd-mori=={versions.AMD_MORI_VERSION}" in readme
+
+
+def test_the_test_environments_pin_what_the_image_ships() -> None:
+    """The mori and SGLang tiers test the backend against exactly the versions the engine image
+    installs (their build scripts keep their own pin lines)."""
+    sglang_env = (ROOT / "scripts" / "build-sglang-env.sh").read_text()
+    mori_env = (ROOT / "scripts" / "build-mori-env.sh").read_text()
+    assert re.findall(r"^SGLANG_VERSION=(\S+)$", sglang_env, re.M) == [versions.SGLANG_VERSION]
+    assert set(re.findall(r"amd-mori==([0-9][^\s)\"']*)", mori_env)) == {
+        versions.AMD_MORI_VERSION}

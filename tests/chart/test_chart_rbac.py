@@ -2,7 +2,7 @@
 
 Real: helm renders the roles; the operator's own declaration of its API calls
 (``hicache_operator.controller.kube.PERMISSIONS``: its REST calls plus what kopf does for it) is
-the reference. ``test_chart_rbac_e2e.py`` checks the same roles against the requests a running
+the reference. ``test_chart_operator_e2e.py`` checks the same roles against the requests a running
 operator actually sends to the API emulator.
 """
 

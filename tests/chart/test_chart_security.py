@@ -93,6 +93,21 @@ def test_default_chart_policy_pods_are_unprivileged() -> None:
         assert set(sc["capabilities"].get("add", [])) <= {"IPC_LOCK"}
 
 
+def test_default_chart_engine_pods_run_as_the_image_non_root_user() -> None:
+    from hicache_operator.api.config import ENGINE_IMAGE_UID
+
+    ctx = _pod(_cr())["securityContext"]
+    assert ctx["runAsNonRoot"] is True and ctx["runAsUser"] == ENGINE_IMAGE_UID
+    assert "supplementalGroups" not in ctx
+
+
+def test_gpu_device_groups_in_values_reach_the_engine_pods() -> None:
+    """The hosts' render/video gids vary per OS image: the admin lists them in values."""
+    values = {"operatorConfig": {"enginePodSecurity": {"supplementalGroups": [44, 992]}}}
+    ctx = _pod(_cr(), values)["securityContext"]
+    assert ctx["supplementalGroups"] == [44, 992] and ctx["runAsNonRoot"] is True
+
+
 def test_admin_allow_list_in_values_reaches_the_operator() -> None:
     values = {"operatorConfig": {"policy": {"allowedHostPathPrefixes": ["/mnt/nvme0"]}}}
     assert _problems(_cr(l3=_ssd_host_path("/mnt/nvme0/cache")), values) == []

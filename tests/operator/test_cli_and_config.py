@@ -71,6 +71,20 @@ def test_node_facts_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert "single-numa-node compatible: yes" in capsys.readouterr().out
 
 
+def test_bad_node_facts_name_each_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    facts = tmp_path / "facts.yaml"
+    facts.write_text("gpusPerNode: 0\nnumaNode: 2\n")
+    assert main(["plan", "-f", DEEPSEEK, "--node-facts", str(facts)]) == 2
+    err = capsys.readouterr().err
+    assert f"{facts}: invalid node facts: gpusPerNode: Input should be greater" in err
+    assert "numaNode: Extra inputs are not permitted" in err
+    facts.write_text("- 8\n")
+    assert main(["plan", "-f", DEEPSEEK, "--node-facts", str(facts)]) == 2
+    assert "node facts must be a mapping" in capsys.readouterr().err
+
+
 def test_config_file_policy_applies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = tmp_path / "operator.yaml"
     cfg.write_text(json.dumps({"policy": {"maxHugepagesPerPod": "1Ti"}}))

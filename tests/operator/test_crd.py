@@ -6,6 +6,7 @@ Real parts: the generator, cel-python evaluating the CEL rules, jsonschema check
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import jsonschema
@@ -290,3 +291,56 @@ def test_planner_rejects_what_cel_rejects(case: str) -> None:
     assert any(p == path or p.startswith(path + ".") for p, _ in err.value.problems), (
         err.value.problems
     )
+
+
+_SELF_PATH = re.compile(r"\bself((?:\.[A-Za-z_][A-Za-z0-9_]*)*)")
+_SIZE_ARG = re.compile(r"\bsize\(self((?:\.[A-Za-z_][A-Za-z0-9_]*)*)\)")
+
+
+def _cel_type_of(node: dict[str, Any], fields: list[str], at_root: bool) -> dict[str, Any]:
+    """The schema node a CEL field path selects, as the API server types it: only declared
+    properties are fields (a preserve-unknown-fields object exposes none); at the resource root
+    metadata.name is always declared (apiextensions' WithTypeAndObjectMeta)."""
+    for i, name in enumerate(fields):
+        if at_root and i == 0 and name == "metadata":
+            assert fields[1:2] in ([], ["name"]), fields
+            return {"type": "string"} if fields[1:] else {"type": "object"}
+        props = node.get("properties") or {}
+        assert name in props, f"CEL selects .{name}, not a declared field (API server: no such key)"
+        node = props[name]
+    return node
+
+
+def test_cel_rules_only_touch_declared_fields_and_size_takes_sized_types() -> None:
+    """What the API server's CEL type check rejects at CRD creation (a CRD with one such rule is
+    refused whole): selecting a field the structural schema does not declare, and ``size()`` on
+    an object (only strings, lists and maps - additionalProperties - have a size)."""
+    checked = 0
+    for path, node in _nodes():
+        for rule in node.get("x-kubernetes-validations", []):
+            text = rule["rule"]
+            for match in _SELF_PATH.finditer(text):
+                fields = [f for f in match.group(1).split(".") if f]
+                _cel_type_of(node, fields, at_root=path == "")
+            for match in _SIZE_ARG.finditer(text):
+                fields = [f for f in match.group(1).split(".") if f]
+                target = _cel_type_of(node, fields, at_root=path == "")
+                sized = target.get("type") in ("string", "array") or (
+                    target.get("type") == "object"
+                    and isinstance(target.get("additionalProperties"), dict)
+                )
+                assert sized, f"{path}: size() of {match.group(0)} ({target}) does not compile"
+                checked += 1
+    assert checked >= 2
+
+
+def test_the_cel_type_check_catches_size_of_an_object() -> None:
+    """Guard: the old model-volume schema (a bare preserve-unknown-fields object) fails it."""
+    node = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    with pytest.raises(AssertionError):
+        target = _cel_type_of({"properties": {"volume": node}}, ["volume"], at_root=False)
+        assert target.get("type") == "object" and isinstance(
+            target.get("additionalProperties"), dict
+        )
+    with pytest.raises(AssertionError, match="not a declared field"):
+        _cel_type_of({"properties": {"volume": node}}, ["volume", "hostPath"], at_root=False)

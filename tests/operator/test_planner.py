@@ -132,6 +132,39 @@ def test_host_pool_below_one_gb_is_rejected() -> None:
     assert _has(problems, "spec.hiCache.hostPoolPerRank", "below 1 GB")
 
 
+@pytest.mark.parametrize("value", [0, "0", "0Gi"])
+def test_a_zero_host_pool_is_rejected_not_turned_into_ratio_sizing(value: Any) -> None:
+    """--hicache-size 0 would make SGLang size the pool by its default ratio, silently."""
+    problems = _problems(
+        _cr("minimal-dram-only.yaml", lambda s: s["hiCache"].update(hostPoolPerRank=value))
+    )
+    assert _has(problems, "spec.hiCache.hostPoolPerRank", "0 B is below 1 GB", "hostPoolRatio")
+
+
+def test_booleans_are_not_quantities_or_cpus() -> None:
+    """pydantic's lax ints would read false as 0 bytes, true as 1 CPU or one replica; every
+    such field is reported at once."""
+
+    def mutate(s: dict[str, Any]) -> None:
+        s["hiCache"]["hostPoolPerRank"] = False
+        s["l3"]["dram"]["capacity"] = True
+        s["resources"] = {"cpu": True, "memory": False}
+        s["replicas"] = True
+        s["engine"] = {"tensorParallelSize": True, "gpusPerPod": False}
+
+    problems = _problems(_cr("minimal-dram-only.yaml", mutate))
+    for path in (
+        "spec.replicas",
+        "spec.engine.tensorParallelSize",
+        "spec.engine.gpusPerPod",
+        "spec.hiCache.hostPoolPerRank",
+        "spec.l3.dram.capacity",
+        "spec.resources.cpu",
+        "spec.resources.memory",
+    ):
+        assert _has(problems, path, "is a boolean"), (path, problems)
+
+
 def test_ratio_needs_4k_pages_and_explicit_memory() -> None:
     def ratio(s: dict[str, Any]) -> None:
         s["hiCache"] = {"hostPoolRatio": 2.0, "hostAllocator": {"hugePageSize": "none"}}
@@ -230,6 +263,35 @@ def test_owned_flags_and_env_are_rejected_by_name() -> None:
     for i, name in enumerate(("HICACHE_TP_SIZE", "UMBP_DRAM_CAPACITY", "SGLANG_DP_RANK")):
         assert _has(problems, f"spec.engine.env[{i}].name", name)
     assert len(problems) == 6
+
+
+@pytest.mark.parametrize(
+    ("arg", "owned"),
+    [
+        ("--model=/other", "--model"),
+        ("--page-s", "--page-size"),
+        ("--tp", "--tp-size"),
+        ("--hicache", "--hicache-"),
+        ("--enable-hier", "--enable-hierarchical-cache"),
+    ],
+)
+def test_aliases_and_abbreviations_of_owned_flags_are_rejected(arg: str, owned: str) -> None:
+    """SGLang's argparse resolves aliases and unambiguous prefixes to the owned flag."""
+    def mutate(s: dict[str, Any]) -> None:
+        s.setdefault("engine", {})["extraArgs"] = [arg, "8"]
+
+    problems = _problems(_cr("minimal-dram-only.yaml", mutate))
+    assert _has(problems, "spec.engine.extraArgs[0]", owned, "set by the operator"), problems
+
+
+def test_flags_that_are_no_prefix_of_an_owned_flag_pass() -> None:
+    args = ["--trust-remote-code", "--enable-dp-lm-head", "--mem-fraction-static", "0.8"]
+
+    def mutate(s: dict[str, Any]) -> None:
+        s.setdefault("engine", {})["extraArgs"] = args
+
+    p = plan(_cr("minimal-dram-only.yaml", mutate), CONFIG)
+    assert list(p.engine.sglang_argv[-len(args) :]) == args
 
 
 def test_write_through_only_when_allowed() -> None:
@@ -449,6 +511,18 @@ def test_host_path_only_under_admin_prefixes(path: str, prefixes: list[str], ok:
         assert _has(_problems(cr, config), "spec.l3.ssd.volume.hostPath.path", "admin policy")
 
 
+def test_host_path_ssd_warns_that_fs_group_does_not_apply() -> None:
+    policy = OperatorConfig(policy=AdminPolicy(allowed_host_path_prefixes=["/mnt"]))
+
+    def host_path(s: dict[str, Any]) -> None:
+        s["l3"]["ssd"]["volume"] = {"hostPath": {"path": "/mnt/nvme0", "size": "4Ti"}}
+
+    p = plan(_cr("deepseek-r1-mi355x.yaml", host_path), policy)
+    assert any("writable by uid 10001" in w for w in p.warnings), p.warnings
+    p = plan(_cr("deepseek-r1-mi355x.yaml"), policy)
+    assert not any("fsGroup" in w for w in p.warnings)
+
+
 def test_model_volume_host_path_needs_the_policy_too() -> None:
     cr = _cr(
         "minimal-dram-only.yaml", lambda s: s["model"].update(volume={"hostPath": {"path": "/etc"}})
@@ -470,6 +544,63 @@ def test_engine_security_context_defaults() -> None:
     assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert "hostIPC" not in spec and "hostNetwork" not in spec
     assert spec["automountServiceAccountToken"] is False
+    # Non-root identity pinned in the pod (the engine image's uid), SSD volumes group-writable.
+    assert spec["securityContext"] == {
+        "seccompProfile": {"type": "RuntimeDefault"},
+        "runAsNonRoot": True,
+        "runAsUser": 10001,
+        "fsGroup": 10001,
+        "fsGroupChangePolicy": "OnRootMismatch",
+    }
+
+
+def test_engine_pod_identity_comes_from_the_operator_config() -> None:
+    """The admin sets uid/gids (e.g. the hosts' render/video gids for /dev/kfd, /dev/dri);
+    sidecars share the pod-level identity. A CR has no field for it."""
+    config = OperatorConfig.from_mapping(
+        {
+            "enginePodSecurity": {
+                "runAsUser": 20000,
+                "runAsGroup": 20000,
+                "supplementalGroups": [44, 992],
+                "fsGroup": None,
+            }
+        }
+    )
+    p = plan(_cr("deepseek-r1-mi355x.yaml"), config)
+    assert pod_spec(p.objects)["securityContext"] == {
+        "seccompProfile": {"type": "RuntimeDefault"},
+        "runAsNonRoot": True,
+        "runAsUser": 20000,
+        "runAsGroup": 20000,
+        "supplementalGroups": [44, 992],
+    }
+    root = OperatorConfig.from_mapping(
+        {"enginePodSecurity": {"runAsNonRoot": False, "runAsUser": 0, "fsGroup": None}}
+    )
+    ctx = pod_spec(plan(_cr("minimal-dram-only.yaml"), root).objects)["securityContext"]
+    assert ctx == {"seccompProfile": {"type": "RuntimeDefault"}, "runAsUser": 0}
+    bad = _cr("minimal-dram-only.yaml", lambda s: s.update(enginePodSecurity={"runAsUser": 0}))
+    assert _has(_problems(bad), "spec.enginePodSecurity", "unknown field")
+
+
+@pytest.mark.parametrize(
+    ("identity", "fragment"),
+    [
+        ({"runAsUser": 0}, "runAsUser 0 (root) contradicts runAsNonRoot true"),
+        ({"supplementalGroups": [44, 44]}, "lists a gid twice"),
+        ({"supplementalGroups": [-1]}, "enginePodSecurity.supplementalGroups.0"),
+        ({"fsGroup": "render"}, "enginePodSecurity.fsGroup"),
+    ],
+)
+def test_bad_engine_pod_identity_is_a_config_error(
+    identity: dict[str, Any], fragment: str
+) -> None:
+    from hicache_operator.api.config import OperatorConfigError
+
+    with pytest.raises(OperatorConfigError, match="enginePodSecurity") as err:
+        OperatorConfig.from_mapping({"enginePodSecurity": identity})
+    assert fragment in str(err.value)
 
 
 def test_privileges_need_the_policy() -> None:

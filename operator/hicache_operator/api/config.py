@@ -11,10 +11,10 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from .quantity import parse_bytes
 from .types import GPU_MODEL_NAMES, ApiModel, GpuModelName, Quantity, Toleration
@@ -54,8 +54,86 @@ class AdminPolicy(ApiModel):
         return parse_bytes(self.max_hugepages_per_pod, field="policy.maxHugepagesPerPod")
 
 
+ENGINE_IMAGE_UID = 10001  # USER of images/engine/Dockerfile
+Gid = Annotated[int, Field(ge=0, le=2**31 - 1)]
+
+
+class EnginePodSecurity(ApiModel):
+    """Identity of engine pods (pod securityContext), set by the admin, never by a CR.
+
+    The engine image runs as uid 10001; pinning it here (with runAsNonRoot) means an image that
+    switches back to root is refused by the kubelet instead of silently running as root. GPU
+    device nodes (/dev/kfd, /dev/dri/renderD*) are usually mode 0660, group render (video on
+    older hosts), and those group ids differ between host OS images: list the hosts' numeric
+    gids in supplementalGroups when the image's own group entries do not match them.
+    """
+
+    run_as_non_root: bool = Field(
+        default=True,
+        description="Refuse to start engine containers whose user is root (runAsNonRoot).",
+    )
+    run_as_user: int | None = Field(
+        default=ENGINE_IMAGE_UID,
+        ge=0,
+        le=2**31 - 1,
+        description="uid of every engine pod container (runAsUser); null leaves it to the "
+        "image (the engine image's USER is 10001).",
+    )
+    run_as_group: int | None = Field(
+        default=None,
+        ge=0,
+        le=2**31 - 1,
+        description="Primary gid (runAsGroup); null leaves it to the image (gid 0).",
+    )
+    supplemental_groups: list[Gid] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Extra gids of engine processes (supplementalGroups): the GPU nodes' "
+        "numeric render and video group ids (`getent group render video` on a node) when the "
+        "GPU device nodes are not accessible to other users.",
+    )
+    fs_group: int | None = Field(
+        default=ENGINE_IMAGE_UID,
+        ge=0,
+        le=2**31 - 1,
+        description="Group that owns (and may write) the pod's PVC and emptyDir volumes "
+        "(fsGroup, changed only when the volume root differs: fsGroupChangePolicy "
+        "OnRootMismatch), so the non-root engine can write its SSD tier. hostPath volumes are "
+        "not changed: the admin prepares their ownership. null disables it.",
+    )
+
+    @model_validator(mode="after")
+    def _non_root_needs_a_non_root_uid(self) -> EnginePodSecurity:
+        if self.run_as_non_root and self.run_as_user == 0:
+            raise ValueError(
+                "runAsUser 0 (root) contradicts runAsNonRoot true: set runAsNonRoot false "
+                "to run engines as root, or a non-zero runAsUser"
+            )
+        if len(set(self.supplemental_groups)) != len(self.supplemental_groups):
+            raise ValueError(f"supplementalGroups {self.supplemental_groups} lists a gid twice")
+        return self
+
+
+def describe_errors(e: ValidationError) -> str:
+    """``field.path: message; ...`` for a pydantic error (camelCase paths, as in the file)."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in e.errors()
+    )
+
+
 class NodeFacts(ApiModel):
     """The node the planner assumes when none is known (defaults: an MI355X node)."""
+
+    @classmethod
+    def from_mapping(cls, data: Any, *, source: str = "node facts") -> NodeFacts:
+        if not isinstance(data, Mapping):
+            raise OperatorConfigError(f"{source}: node facts must be a mapping")
+        try:
+            return cls.model_validate(dict(data))
+        except ValidationError as e:
+            raise OperatorConfigError(
+                f"{source}: invalid node facts: {describe_errors(e)}"
+            ) from None
 
     gpu_model: GpuModelName = Field(default="MI355X", description="GPU model of the node.")
     gpus_per_node: int = Field(default=8, ge=1, le=64, description="GPUs per node.")
@@ -96,6 +174,10 @@ class OperatorConfig(ApiModel):
     )
     policy: AdminPolicy = Field(default_factory=AdminPolicy, description="Admin policy.")
     node_facts: NodeFacts = Field(default_factory=NodeFacts, description="Assumed node.")
+    engine_pod_security: EnginePodSecurity = Field(
+        default_factory=EnginePodSecurity,
+        description="uid, gids and volume group of engine pods (pod securityContext).",
+    )
     gpu_resource_name: str = Field(default="amd.com/gpu", description="Extended resource of a GPU.")
     gpu_tolerations: list[Toleration] = Field(
         default_factory=lambda: [
@@ -115,12 +197,8 @@ class OperatorConfig(ApiModel):
         try:
             return cls.model_validate(dict(data))
         except ValidationError as e:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
-                for err in e.errors()
-            )
             raise OperatorConfigError(
-                f"{source}: invalid operator configuration: {problems}"
+                f"{source}: invalid operator configuration: {describe_errors(e)}"
             ) from None
 
     @classmethod

@@ -15,9 +15,15 @@ def _type(node: dict[str, Any]) -> str:
         return "int-or-string"
     if node.get("x-kubernetes-preserve-unknown-fields"):
         return "object (passed through)"
+    if "type" not in node and "anyOf" in node:  # the config schema's optional fields
+        kinds = [_type(b) for b in node["anyOf"] if b.get("type") != "null"]
+        nullable = len(kinds) < len(node["anyOf"])
+        return " \\| ".join(kinds) + (" \\| null" if nullable else "")
     t = str(node.get("type", "any"))
     if t == "array":
         return f"[]{_type(node.get('items', {}))}"
+    if t == "object" and isinstance(node.get("additionalProperties"), dict):
+        return f"map[string]{_type(node['additionalProperties'])}"
     if "enum" in node:
         return " \\| ".join(f"`{v}`" for v in node["enum"])
     return t
@@ -84,7 +90,5 @@ def render_api_doc() -> str:
         return node
 
     cfg_props = {k: inline(v) for k, v in cfg["properties"].items()}
-    _walk("config", {**cfg, "properties": cfg_props}, out)
-    for key in ("policy", "nodeFacts"):
-        _walk(f"config.{key}", cfg_props[key], out)
+    _walk("config", {**cfg, "properties": cfg_props}, out)  # recurses into policy, nodeFacts...
     return "\n".join(out) + "\n"

@@ -20,6 +20,7 @@ from .types import (
     PassThrough,
     Quantity,
     Toleration,
+    VolumeSourceMap,
 )
 
 
@@ -63,7 +64,7 @@ class ModelSource(ApiModel):
         description="Model id or path handed to SGLang --model-path. With a volume, a path "
         "under mountPath (e.g. /models/DeepSeek-R1); without one, a Hugging Face id.",
     )
-    volume: PassThrough | None = Field(
+    volume: VolumeSourceMap | None = Field(
         default=None,
         description="Volume source holding the weights (core/v1 VolumeSource, e.g. "
         "persistentVolumeClaim), mounted read-only at mountPath. hostPath is accepted only "

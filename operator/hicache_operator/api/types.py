@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from .quantity import QUANTITY_PATTERN, parse_bytes
@@ -31,6 +40,27 @@ class ApiModel(BaseModel):
         extra="forbid",
         frozen=True,
     )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans_for_integers(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic's lax mode reads true/false as 1/0 (`replicas: true` would be one pod); the
+        # CRD's `type: integer` refuses them, and so does `plan -f`.
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field and field.annotation in _INTEGER_ANNOTATIONS:
+            raise ValueError(f"{value!r} is a boolean, not an integer")
+        return value
+
+
+_INTEGER_ANNOTATIONS: tuple[Any, ...] = (int, int | None)
+
+
+def _reject_bool(value: Any) -> Any:
+    # pydantic's lax int mode turns true/false into 1/0: `hostPoolPerRank: false` must not
+    # become a 0-byte pool, nor `cpu: true` one CPU.
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is a boolean, not a quantity or number")
+    return value
 
 
 def _check_quantity(value: int | str) -> int | str:
@@ -63,16 +93,19 @@ _INT_OR_STRING: dict[str, Any] = {
 # the CR; the planner converts it to exact bytes.
 Quantity = Annotated[
     int | str,
+    BeforeValidator(_reject_bool),
     AfterValidator(_check_quantity),
     WithJsonSchema({**_INT_OR_STRING, "pattern": QUANTITY_PATTERN}),
 ]
 AutoQuantity = Annotated[
     int | str,
+    BeforeValidator(_reject_bool),
     AfterValidator(_check_auto_quantity),
     WithJsonSchema({**_INT_OR_STRING, "pattern": f"^auto$|{QUANTITY_PATTERN}"}),
 ]
 AutoCpu = Annotated[
     int | str,
+    BeforeValidator(_reject_bool),
     AfterValidator(_check_auto_int),
     WithJsonSchema({**_INT_OR_STRING, "pattern": "^(auto|[1-9][0-9]*)$"}),
 ]
@@ -82,6 +115,22 @@ AutoCpu = Annotated[
 PassThrough = Annotated[
     dict[str, Any],
     WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
+]
+# A core/v1 VolumeSource: one member (persistentVolumeClaim, nfs, ...), each an object passed
+# through. Declared as a map of objects, not a bare preserve-unknown-fields object, because the
+# API server types the latter as a CEL object with no fields: `size(self.volume)` would not
+# compile and the whole CRD would be rejected.
+VolumeSourceMap = Annotated[
+    dict[str, dict[str, Any]],
+    WithJsonSchema(
+        {
+            "type": "object",
+            "additionalProperties": {
+                "type": "object",
+                "x-kubernetes-preserve-unknown-fields": True,
+            },
+        }
+    ),
 ]
 
 

@@ -164,7 +164,7 @@ def build_statefulset(b: BuildInput) -> dict[str, Any]:
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 120,
-        "securityContext": pod_security_context(),
+        "securityContext": pod_security_context(b.config.engine_pod_security),
         "affinity": b.affinity,
         "tolerations": b.tolerations,
         "containers": [_engine_container(b)],

@@ -25,6 +25,7 @@ from .ssd import SSD_MOUNT, SsdLayout
 SOCKET_DIR = "/var/run/umbp"
 REPORT_DIR = "/var/run/hicache"
 OWNED_FLAG_PREFIXES = ("--hicache-",)
+SGLANG_FLAG_ALIASES = frozenset({"--model"})  # SGLang 0.5.23's alias of --model-path
 OWNED_ENV_PREFIXES = ("HICACHE_", "UMBP_")
 OWNED_ENV_NAMES = frozenset({"SGLANG_DP_RANK", "SGLANG_DP_SIZE", "POD_NAME", "POD_NAMESPACE"})
 LAUNCH_COMMAND = ("python", "-m", "hicache_umbp.launch")
@@ -78,9 +79,21 @@ def check_parallelism(spec: SGLangHiCacheSpec, problems: Problems) -> int:
 
 
 def owned_flag(arg: str) -> str | None:
+    """The operator-owned SGLang flag ``arg`` would set, or None.
+
+    SGLang parses with argparse's default ``allow_abbrev``: ``--page-s 32`` sets --page-size and
+    ``--model`` is an alias of --model-path, so aliases and unambiguous prefixes of an owned flag
+    are owned too (no other SGLang 0.5.23 flag is a prefix of an owned one:
+    tests/operator/test_owned_flags_sglang.py checks both against SGLang's real parser).
+    """
     flag = arg.split("=", 1)[0]
-    if flag in OWNED_FLAGS or flag.startswith(OWNED_FLAG_PREFIXES):
+    owned = OWNED_FLAGS | SGLANG_FLAG_ALIASES
+    if flag in owned or flag.startswith(OWNED_FLAG_PREFIXES):
         return flag
+    if flag.startswith("--") and len(flag) > 2:
+        full = sorted(o for o in owned if o.startswith(flag))
+        if full:
+            return f"{flag} (an abbreviation of {' / '.join(full)})"
     return None
 
 
@@ -168,11 +181,12 @@ def plan_engine_env(
     problems: Problems,
 ) -> EngineEnv | None:
     """Render the env and parse it back with the backend's own loader and command renderer."""
-    if sizing.host_pool_per_rank and sizing.host_pool_per_rank < GB:
+    if spec.hi_cache.host_pool_per_rank is not None and sizing.host_pool_per_rank < GB:
+        # 0 would reach SGLang as --hicache-size 0, which silently means "size by ratio".
         problems.add(
             "spec.hiCache.hostPoolPerRank",
             f"{sizing.host_pool_per_rank} B is below 1 GB (10^9 B), the unit of "
-            f"SGLang's --hicache-size",
+            f"SGLang's --hicache-size (use hostPoolRatio to size the pool by ratio)",
         )
     values = contract_values(spec, namespace, name, sizing, ssd)
     try:

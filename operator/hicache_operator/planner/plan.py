@@ -189,6 +189,13 @@ def _warnings(
             "hostPath SSD without size: capacity is not checked here; the launcher "
             "checks free space in the pod"
         )
+    identity = config.engine_pod_security
+    if ssd.enabled and ssd.kind == "hostPath" and identity.run_as_user not in (None, 0):
+        out.append(
+            f"hostPath SSD: the kubelet applies no fsGroup to hostPath volumes, so the "
+            f"directory must be writable by uid {identity.run_as_user} on every node "
+            f"(docs/install.md, engine pod identity)"
+        )
     out.extend(security_warnings(spec, config.policy))
     return out
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..api.config import AdminPolicy
+from ..api.config import AdminPolicy, EnginePodSecurity
 from ..api.spec import SGLangHiCacheSpec
 from .errors import Problems
 from .ssd import host_path_allowed
@@ -122,8 +122,24 @@ def _check_model_volume(spec: SGLangHiCacheSpec, policy: AdminPolicy, problems: 
         problems.add(f"{path}.persistentVolumeClaim.claimName", "is required")
 
 
-def pod_security_context() -> dict[str, Any]:
-    return {"seccompProfile": {"type": "RuntimeDefault"}}
+def pod_security_context(identity: EnginePodSecurity) -> dict[str, Any]:
+    """seccomp RuntimeDefault plus the admin-configured identity (operator configuration
+    ``enginePodSecurity``): runAsNonRoot, runAsUser/Group, supplementalGroups (the hosts'
+    GPU device groups) and fsGroup (write access to the SSD volume for a non-root engine)."""
+    ctx: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
+    if identity.run_as_non_root:
+        ctx["runAsNonRoot"] = True
+    if identity.run_as_user is not None:
+        ctx["runAsUser"] = identity.run_as_user
+    if identity.run_as_group is not None:
+        ctx["runAsGroup"] = identity.run_as_group
+    if identity.supplemental_groups:
+        ctx["supplementalGroups"] = list(identity.supplemental_groups)
+    if identity.fs_group is not None:
+        ctx["fsGroup"] = identity.fs_group
+        # Large SSD volumes: chown/chmod only when the volume root is not already right.
+        ctx["fsGroupChangePolicy"] = "OnRootMismatch"
+    return ctx
 
 
 def engine_security_context(spec: SGLangHiCacheSpec, policy: AdminPolicy) -> dict[str, Any]:
