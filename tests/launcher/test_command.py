@@ -192,3 +192,14 @@ def test_cli_dry_run_json_and_exit_code_on_error(mi355x: FakeNode) -> None:
     assert bad.returncode == 1
     assert bad.stderr.splitlines()[-1].startswith(
         "hicache-launch: error [InvalidConfig]: HICACHE_UMBP_LOCAL_RANKS=8 but HICACHE_TP_SIZE=3")
+
+
+def test_launcher_rejects_aliases_and_abbreviations_of_owned_flags() -> None:
+    """A hand-edited env (not through the planner) gets the same owned-flag rule."""
+    from hicache_umbp.launch.command import _check_extra_args
+    from hicache_umbp.launch.errors import LaunchError
+
+    for arg in ("--model=/other", "--page-s", "--tp", "--hicache-size=1"):
+        with pytest.raises(LaunchError, match="HICACHE_EXTRA_ARGS sets"):
+            _check_extra_args((arg,))
+    _check_extra_args(("--mem-fraction-static", "0.8", "--trust-remote-code"))

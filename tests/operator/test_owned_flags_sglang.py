@@ -1,7 +1,7 @@
 """The planner's owned-flag rule against SGLang's real command-line parser.
 
 Real: SGLang 0.5.23's ``ServerArgs.add_cli_args`` parser (the one ``sglang serve`` uses) and the
-planner's ``owned_flag``. Nothing is faked.
+launcher's ``owned_flag`` (shared with the planner). Nothing is faked.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _owned_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
 
 
 def test_every_spelling_of_an_owned_flag_is_rejected(parser: argparse.ArgumentParser) -> None:
-    from hicache_operator.planner.engine import owned_flag
+    from hicache_umbp.launch.command import owned_flag
 
     spellings = {s for a in _owned_actions(parser) for s in a.option_strings}
     assert "--model" in spellings  # the alias the planner must know about
@@ -41,7 +41,7 @@ def test_abbreviations_reach_owned_flags_and_no_real_flag_is_caught(
 ) -> None:
     """argparse's allow_abbrev makes prefixes dangerous; the prefix rule must never hit a real,
     non-owned SGLang flag (exact option strings win over abbreviations in argparse)."""
-    from hicache_operator.planner.engine import owned_flag
+    from hicache_umbp.launch.command import owned_flag
 
     assert parser.allow_abbrev
     assert parser.parse_args(["--model-path", "m", "--page-s", "32"]).page_size == 32

@@ -46,6 +46,27 @@ OWNED_FLAGS = frozenset({
     "--hicache-size", "--hicache-ratio", "--hicache-mem-layout", "--hicache-write-policy",
     "--hicache-io-backend", "--hicache-storage-backend", "--hicache-storage-backend-extra-config",
 })
+OWNED_FLAG_PREFIXES = ("--hicache-",)
+SGLANG_FLAG_ALIASES = frozenset({"--model"})  # SGLang 0.5.23's alias of --model-path
+
+
+def owned_flag(arg: str) -> str | None:
+    """The launcher-owned SGLang flag ``arg`` would set, or None.
+
+    SGLang parses with argparse's default ``allow_abbrev``: ``--page-s 32`` sets --page-size and
+    ``--model`` is an alias of --model-path, so aliases and unambiguous prefixes of an owned flag
+    are owned too (no other SGLang 0.5.23 flag is a prefix of an owned one:
+    tests/operator/test_owned_flags_sglang.py checks both against SGLang's real parser).
+    """
+    flag = arg.split("=", 1)[0]
+    owned = OWNED_FLAGS | SGLANG_FLAG_ALIASES
+    if flag in owned or flag.startswith(OWNED_FLAG_PREFIXES):
+        return flag
+    if flag.startswith("--") and len(flag) > 2:
+        full = sorted(o for o in owned if o.startswith(flag))
+        if full:
+            return f"{flag} (an abbreviation of {' / '.join(full)})"
+    return None
 
 
 @dataclass(frozen=True)
@@ -90,7 +111,7 @@ def store_extra_config(cfg: LaunchConfig, resolved: Mapping[str, Any]) -> dict[s
 
 
 def _check_extra_args(args: tuple[str, ...]) -> None:
-    clashes = sorted({a.split("=", 1)[0] for a in args if a.split("=", 1)[0] in OWNED_FLAGS})
+    clashes = sorted({flag for flag in map(owned_flag, args) if flag is not None})
     if clashes:
         raise LaunchError(
             "InvalidConfig",

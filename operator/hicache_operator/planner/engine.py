@@ -14,7 +14,7 @@ from typing import Any
 
 from hicache_umbp.client import standalone_socket_path
 from hicache_umbp.config import BY_KEY, ConfigError, Medium, load_launch_config, render_env
-from hicache_umbp.launch.command import GB, OWNED_FLAGS, render_command
+from hicache_umbp.launch.command import GB, owned_flag, render_command
 from hicache_umbp.launch.errors import LaunchError
 
 from ..api.spec import SGLangHiCacheSpec
@@ -24,8 +24,6 @@ from .ssd import SSD_MOUNT, SsdLayout
 
 SOCKET_DIR = "/var/run/umbp"
 REPORT_DIR = "/var/run/hicache"
-OWNED_FLAG_PREFIXES = ("--hicache-",)
-SGLANG_FLAG_ALIASES = frozenset({"--model"})  # SGLang 0.5.23's alias of --model-path
 OWNED_ENV_PREFIXES = ("HICACHE_", "UMBP_")
 OWNED_ENV_NAMES = frozenset({"SGLANG_DP_RANK", "SGLANG_DP_SIZE", "POD_NAME", "POD_NAMESPACE"})
 LAUNCH_COMMAND = ("python", "-m", "hicache_umbp.launch")
@@ -76,25 +74,6 @@ def check_parallelism(spec: SGLangHiCacheSpec, problems: Problems) -> int:
             f"gpusPerPod {e.gpus_per_pod} does not match the parallelism: {formula}",
         )
     return ranks
-
-
-def owned_flag(arg: str) -> str | None:
-    """The operator-owned SGLang flag ``arg`` would set, or None.
-
-    SGLang parses with argparse's default ``allow_abbrev``: ``--page-s 32`` sets --page-size and
-    ``--model`` is an alias of --model-path, so aliases and unambiguous prefixes of an owned flag
-    are owned too (no other SGLang 0.5.23 flag is a prefix of an owned one:
-    tests/operator/test_owned_flags_sglang.py checks both against SGLang's real parser).
-    """
-    flag = arg.split("=", 1)[0]
-    owned = OWNED_FLAGS | SGLANG_FLAG_ALIASES
-    if flag in owned or flag.startswith(OWNED_FLAG_PREFIXES):
-        return flag
-    if flag.startswith("--") and len(flag) > 2:
-        full = sorted(o for o in owned if o.startswith(flag))
-        if full:
-            return f"{flag} (an abbreviation of {' / '.join(full)})"
-    return None
 
 
 def check_user_args_and_env(spec: SGLangHiCacheSpec, problems: Problems) -> None:
