@@ -734,3 +734,20 @@ def test_ssd_volume_retention_keeps_pvcs_unless_the_cr_opts_in() -> None:
 
 def _sts_of(result: Any) -> dict[str, Any]:
     return next(o for o in result.objects if o["kind"] == "StatefulSet")
+
+
+def test_parse_errors_and_semantic_problems_are_reported_together() -> None:
+    """A field that fails to parse does not hide the CR's other problems; its own echoes
+    (e.g. 'set exactly one of hostPoolPerRank or hostPoolRatio') are not repeated."""
+    cr = load_example("deepseek-r1-mi355x.yaml")
+    cr["spec"]["hiCache"].update(hostPoolPerRank="10Gx", memLayout="layer_first")
+    cr["spec"]["engine"]["tensorParallelSize"] = 16
+    cr["spec"]["placement"]["gpuModel"] = "H100"
+    with pytest.raises(SpecError) as info:
+        plan(cr, OperatorConfig())
+    paths = [p for p, _ in info.value.problems]
+    assert "spec.hiCache.hostPoolPerRank" in paths
+    assert "spec.placement.gpuModel" in paths
+    assert "spec.hiCache.memLayout" in paths
+    assert any(p.startswith("spec.engine") for p in paths)
+    assert "spec.hiCache" not in paths

@@ -21,12 +21,17 @@ class Problems:
 
     def __init__(self) -> None:
         self.items: list[Problem] = []
+        # Fields that failed to parse and were dropped so the rest of the CR could still be
+        # checked: a later problem about them (or their parent object) would only be an echo.
+        self.masked: set[str] = set()
 
     def add(self, path: str, message: str) -> None:
-        self.items.append((path, message))
+        if not any(_overlaps(path, m) for m in self.masked):
+            self.items.append((path, message))
 
     def extend(self, problems: Iterable[Problem]) -> None:
-        self.items.extend(problems)
+        for path, message in problems:
+            self.add(path, message)
 
     def __bool__(self) -> bool:
         return bool(self.items)
@@ -34,3 +39,10 @@ class Problems:
     def raise_if_any(self) -> None:
         if self.items:
             raise SpecError(self.items)
+
+
+def _overlaps(path: str, masked: str) -> bool:
+    """``path`` is ``masked``, inside it, or a parent object of it (the spec root excepted)."""
+    if path == masked or path.startswith((masked + ".", masked + "[")):
+        return True
+    return path != "spec" and masked.startswith((path + ".", path + "["))

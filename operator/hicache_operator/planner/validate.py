@@ -6,6 +6,7 @@ on a file, and CRs stored before a rule existed, get the same verdict with the s
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -89,7 +90,16 @@ def parse_cr(cr: Mapping[str, Any], problems: Problems) -> ParsedCR | None:
         spec = SGLangHiCacheSpec.model_validate(dict(raw_spec))
     except ValidationError as e:
         problems.extend(_pydantic_problems(e))
-        return None
+        # Drop the fields that failed and parse the rest, so the planner can still report the
+        # CR's other problems in the same answer; the dropped paths mask their own echoes.
+        pruned = copy.deepcopy(dict(raw_spec))
+        for err in e.errors():
+            if _drop(pruned, tuple(err["loc"])):
+                problems.masked.add(_loc(tuple(err["loc"])))
+        try:
+            spec = SGLangHiCacheSpec.model_validate(pruned)
+        except ValidationError:
+            return None
     # Cross-field problems are collected but the typed spec is returned, so the planner can
     # report every other problem of the same CR in one go.
     check_cross_field_rules(spec, problems)
@@ -99,6 +109,27 @@ def parse_cr(cr: Mapping[str, Any], problems: Problems) -> ParsedCR | None:
         generation=generation if isinstance(generation, int) else None,
         spec=spec,
     )
+
+
+def _drop(spec: dict[str, Any], loc: tuple[int | str, ...]) -> bool:
+    """Remove the value at pydantic's ``loc`` (union tags skipped) from the raw spec."""
+    node: Any = spec
+    parts = [p for p in loc if isinstance(p, int) or (p not in _UNION_TAGS and "[" not in p)]
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, dict) and isinstance(part, str) and part in node:
+            if last:
+                del node[part]
+                return True
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            if last:
+                node.pop(part)  # later indices of the same list shift; their re-parse decides
+                return True
+            node = node[part]
+        else:
+            return False
+    return False
 
 
 def _message(err: Any) -> str:
