@@ -186,9 +186,14 @@ def test_two_rendered_replicas_one_active_then_failover(
             _apply_example(emu)
             emu.wait_for(lambda: emu.list("apps/v1", "statefulsets", NAMESPACE), timeout=60,
                          what="one of two replicas to reconcile the CR (peering deadlock?)")
-            # stop the replica that did the work; the other one must handle the next change
-            active = next(r for r in replicas if "Creation is processed" in
-                          r.log_path.read_text())
+            # stop the replica that did the work; the other one must handle the next change.
+            # kopf logs "Creation is processed" after the handler returns, i.e. a moment after
+            # the StatefulSet appeared: wait for the line instead of reading the logs once.
+            def worker() -> list[OperatorProcess]:
+                return [r for r in replicas if "Creation is processed" in r.log_path.read_text()]
+
+            (active,) = emu.wait_for(worker, timeout=60,
+                                     what="the active replica to finish the creation")
             logs["stopped"] = active.stop()
             emu.delete("apps/v1", "statefulsets", NAMESPACE,
                        emu.list("apps/v1", "statefulsets", NAMESPACE)[0]["metadata"]["name"])
