@@ -42,9 +42,8 @@ def test_plan_yaml_is_applyable_manifests(capsys: pytest.CaptureFixture[str]) ->
         "ConfigMap",
         "Service",
         "Service",
-        "PodDisruptionBudget",
         "StatefulSet",
-    ]
+    ]  # one replica: no PodDisruptionBudget
 
 
 def test_invalid_cr_prints_every_problem_and_exits_nonzero(

@@ -751,3 +751,12 @@ def test_parse_errors_and_semantic_problems_are_reported_together() -> None:
     assert "spec.hiCache.memLayout" in paths
     assert any(p.startswith("spec.engine") for p in paths)
     assert "spec.hiCache" not in paths
+
+
+def test_pdb_is_planned_only_for_more_than_one_replica() -> None:
+    cr = load_example("llama-3.1-70b-mi355x.yaml")
+    assert cr["spec"]["replicas"] == 2
+    kinds = [o["kind"] for o in plan(cr, OperatorConfig()).objects]
+    assert "PodDisruptionBudget" in kinds
+    cr["spec"]["replicas"] = 1
+    assert "PodDisruptionBudget" not in [o["kind"] for o in plan(cr, OperatorConfig()).objects]

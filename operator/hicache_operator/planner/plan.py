@@ -140,7 +140,9 @@ def plan(
         build_configmap(build),
         build_headless_service(build),
         build_client_service(build),
-        build_pdb(build),
+        # A one-pod budget of maxUnavailable 1 protects nothing: planned only from 2 replicas,
+        # so scaling down to 1 prunes it.
+        *([build_pdb(build)] if spec.replicas > 1 else []),
         build_statefulset(build),
     ]
     status_plan = _status_plan(sizing, topology, warnings)
