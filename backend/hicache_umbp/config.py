@@ -530,20 +530,3 @@ def render_env(values: Mapping[str, Any]) -> dict[str, str]:
     if problems:
         raise ConfigError(problems)
     return out
-
-
-def describe() -> list[dict[str, Any]]:
-    """The contract as data (for docs and ``make demo``)."""
-    return [
-        {
-            "key": s.key,
-            "env": s.env,
-            "kind": s.kind,
-            "default": s.default,
-            "modes": sorted(s.modes),
-            "choices": list(s.choices),
-            "scope": s.scope,
-            "doc": s.doc,
-        }
-        for s in SETTINGS
-    ]

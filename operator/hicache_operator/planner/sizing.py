@@ -39,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hicache_umbp.client import SSD_STAGING_SLOTS, SSD_VALUE_BYTES_DEFAULT
+from hicache_umbp.config import HUGEPAGE_SIZES
 from hicache_umbp.keys import MHA_PARTS
 
 from ..api.config import OperatorConfig
@@ -49,7 +50,6 @@ from .errors import Problems
 KIB = 1024
 GIB = 1024**3
 PAGE_4K = 4 * KIB
-HUGEPAGE_BYTES = {"none": 0, "2Mi": 2 * 1024**2, "1Gi": GIB}
 
 ENGINE_BASE_MEMORY = 16 * GIB
 ENGINE_MEMORY_PER_RANK = 12 * GIB
@@ -148,7 +148,7 @@ def size_pod(
     hc, l3, res = spec.hi_cache, spec.l3, spec.resources
     standalone = l3.mode == "standalone"
 
-    host_page = HUGEPAGE_BYTES[hc.host_allocator.huge_page_size]
+    host_page = HUGEPAGE_SIZES[hc.host_allocator.huge_page_size]
     host_raw = (
         parse_bytes(hc.host_pool_per_rank, field="hostPoolPerRank")
         if hc.host_pool_per_rank is not None
@@ -161,7 +161,7 @@ def size_pod(
             f"(multiple of {format_bytes(host_page)} pages)"
         )
 
-    dram_page = HUGEPAGE_BYTES[l3.dram.huge_page_size]
+    dram_page = HUGEPAGE_SIZES[l3.dram.huge_page_size]
     dram_unit = dram_page or PAGE_4K
     dram_raw = parse_bytes(l3.dram.capacity, field="l3.dram.capacity")
     if standalone:
