@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from hicache_umbp.client import SSD_STAGING_SLOTS, SSD_VALUE_BYTES_DEFAULT
 from hicache_umbp.config import HUGEPAGE_SIZES
 from hicache_umbp.keys import MHA_PARTS
+from hicache_umbp.launch.units import k8s_hugepage_resource
 
 from ..api.config import OperatorConfig
 from ..api.quantity import format_bytes, human_bytes, parse_bytes, round_up
@@ -65,11 +66,6 @@ SIDECAR_MEMORY = {"dram": 2 * GIB, "ssd": 4 * GIB}
 QUEUE_MIN_BYTES = len(MHA_PARTS) * SSD_VALUE_BYTES_DEFAULT
 
 
-def hugepage_resource(page_bytes: int) -> str:
-    """``hugepages-2Mi`` / ``hugepages-1Gi``."""
-    return f"hugepages-{format_bytes(page_bytes)}"
-
-
 @dataclass(frozen=True)
 class ContainerSizing:
     name: str
@@ -83,7 +79,7 @@ class ContainerSizing:
         res = {"cpu": str(self.cpu), "memory": format_bytes(self.memory_bytes)}
         for page, amount in sorted(self.hugepages.items()):
             if amount:
-                res[hugepage_resource(page)] = format_bytes(amount)
+                res[k8s_hugepage_resource(page)] = format_bytes(amount)
         if self.gpus:
             res[gpu_resource] = str(self.gpus)
         return res

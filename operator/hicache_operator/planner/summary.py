@@ -5,8 +5,9 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING
 
+from hicache_umbp.launch.units import k8s_hugepage_resource
+
 from ..api.quantity import format_bytes, human_bytes
-from .sizing import hugepage_resource
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -31,7 +32,7 @@ def render_summary(p: Plan) -> str:
     for c in s.containers:
         parts = [f"cpu {c.cpu}", f"memory {format_bytes(c.memory_bytes)}"]
         parts += [
-            f"{hugepage_resource(pg)} {format_bytes(a)}"
+            f"{k8s_hugepage_resource(pg)} {format_bytes(a)}"
             for pg, a in sorted(c.hugepages.items())
             if a
         ]
