@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-VENV_TIERS = ("mori", "sglang")
-TIERS = ("unit", "mori", "sglang", "e2e", "chart")
+VENV_TIERS = ("mori", "sglang", "pod")
+TIERS = ("unit", "mori", "sglang", "pod", "e2e", "chart")
 
 
 def _selected_venv_tier(config: pytest.Config) -> str | None:

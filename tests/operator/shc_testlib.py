@@ -19,7 +19,7 @@ from hicache_operator.api.crd import openapi_schema
 from hicache_operator.api.quantity import parse_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+EXAMPLES = sorted((ROOT / "examples").rglob("*.yaml"))
 K8S_VERSION = "1.33"
 
 

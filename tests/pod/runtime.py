@@ -1,0 +1,454 @@
+"""Run a pod template's containers as local processes, the way a kubelet would.
+
+What is real: the container commands, args and environment exactly as the spec renders them
+(``envFrom`` ConfigMaps, downward API); volumes at their ``mountPath`` in a private mount
+namespace per container (``emptyDir``, ``medium: Memory`` as a real tmpfs with its
+``sizeLimit``, per-pod claims that outlive container restarts); the container user, groups,
+``fsGroup`` ownership of volumes and capabilities; a memory cgroup per container at its
+``limits.memory``; hugepages reserved on the node for the pod's requests; native sidecars
+(init containers with ``restartPolicy: Always``) started in order, each waited for until its
+startup probe passes; the pod's own startup, readiness and liveness probes with the spec's
+path, port, period, timeout and thresholds; restarts with CrashLoopBackOff after an exit or a
+failed liveness/startup probe. What is not: the network (the pod IP is 127.0.0.1 and pods share
+the host's ports), CPU limits (this machine has 2 cores), image layers (the test image is the
+engine environment; see :class:`Image`), GPUs (see :mod:`pod.node`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import podspec
+from .node import Node, kill_cgroup
+from .podspec import PodMeta, Probe
+
+SHIM = Path(__file__).with_name("shim.py")
+BACKOFF_INITIAL_S = 10.0
+BACKOFF_MAX_S = 300.0
+
+
+@dataclass(frozen=True)
+class Image:
+    """The test stand-in for the engine image: what its Dockerfile sets, on this machine.
+
+    ``bin_dir`` holds ``python`` (the engine environment's interpreter) and
+    ``umbp_standalone_server`` (mori's binary under the environment's loader), first on PATH as
+    /usr/local/bin is in the image; ``env`` and ``home``/``user`` mirror the Dockerfile's ENV,
+    WORKDIR and USER (uid 10001, gid 0, HOME=/home/sglang).
+    """
+
+    bin_dir: Path
+    env: dict[str, str]
+    home: str = "/home/sglang"
+    uid: int = 10001
+    gid: int = 0
+    root_keep: tuple[str, ...] = ()
+
+
+@dataclass
+class Event:
+    t: float
+    container: str
+    reason: str
+    message: str
+
+
+class Container:
+    def __init__(self, pod: Pod, spec: dict[str, Any], role: str) -> None:
+        self.pod, self.spec, self.role = pod, spec, role
+        self.name: str = spec["name"]
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+        self.exit_codes: list[int] = []
+        self.started = threading.Event()  # startup probe passed (or none)
+        self.ready = False
+        self.started_at: float | None = None
+        self.ready_at: float | None = None
+        self.log_path = pod.dir / "logs" / f"{self.name}.log"
+        self.cgroup = pod.node.memory_cgroup(f"{pod.meta.name}-{self.name}",
+                                             podspec.memory_limit(spec))
+        self._probe_stop = threading.Event()
+        self.generation = 0
+
+    # -- process ------------------------------------------------------------------------------
+    def start(self) -> None:
+        pod, spec = self.pod, self.spec
+        env = {**pod.image.env, **podspec.container_env(spec, pod.configmaps, pod.meta)}
+        mounts = [{"source": str(pod.volume_host_path(m["name"])), "target": m["mountPath"],
+                   "readOnly": bool(m.get("readOnly"))} for m in spec.get("volumeMounts", [])]
+        home = pod.dir / "homes" / self.name
+        home.mkdir(parents=True, exist_ok=True)
+        os.chown(home, pod.image.uid, pod.image.gid)
+        if not any(m["target"] == pod.image.home for m in mounts):
+            mounts.insert(0, {"source": str(home), "target": pod.image.home})
+        sc = {**pod.spec.get("securityContext", {}), **spec.get("securityContext", {})}
+        caps = [c.lower() for c in sc.get("capabilities", {}).get("add", [])]
+        if "ALL" not in sc.get("capabilities", {}).get("drop", []):
+            raise NotImplementedError(f"{self.name}: only drop: [ALL] + add is modelled")
+        groups = [g for g in (pod.spec.get("securityContext", {}).get("fsGroup"),
+                              *pod.spec.get("securityContext", {}).get("supplementalGroups", []))
+                  if g is not None]
+        gpus = podspec.gpus(spec, pod.gpu_resource)
+        shim_spec = {
+            "stage_dir": str(pod.dir / "stage" / self.name),
+            "cgroup_procs": str(self.cgroup / "cgroup.procs"),
+            "devices": pod.node.gpu_devices(pod.gpu_first, gpus) if gpus else {},
+            "sys_merge": pod.node.sys_merge(),
+            "mounts": mounts, "root_keep": list(pod.image.root_keep),
+            "cwd": spec.get("workingDir", pod.image.home),
+            "user": {"uid": sc.get("runAsUser", pod.image.uid),
+                     "gid": sc.get("runAsGroup", pod.image.gid), "groups": groups},
+            "capabilities": caps,
+            "no_new_privs": sc.get("allowPrivilegeEscalation") is False,
+            "argv": [*spec.get("command", []), *spec.get("args", [])],
+            "env": env,
+        }
+        spec_path = pod.dir / "stage" / f"{self.name}.json"
+        spec_path.parent.mkdir(parents=True, exist_ok=True)
+        spec_path.write_text(json.dumps(shim_spec))
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        log.write(f"==== start #{self.restarts} at {time.time():.3f}\n".encode())
+        log.flush()
+        self.generation += 1
+        self.started.clear()
+        self.ready = False
+        self.proc = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "--",
+             sys.executable, str(SHIM), str(spec_path)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True)
+        log.close()
+        pod.event(self.name, "Started", f"pid {self.proc.pid}")
+        self._probe_stop = threading.Event()
+        threading.Thread(target=self._probe_loop, args=(self.generation, self._probe_stop),
+                         daemon=True, name=f"probe-{self.name}").start()
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self, grace_s: float | None = None, reason: str = "Killing") -> None:
+        """SIGTERM the main process, SIGKILL the whole cgroup after the grace period."""
+        self._probe_stop.set()
+        proc = self.proc
+        if proc is None:
+            return
+        if grace_s is None:
+            grace_s = float(self.pod.spec.get("terminationGracePeriodSeconds", 30))
+        if proc.poll() is None:
+            self.pod.event(self.name, reason, f"SIGTERM pid {proc.pid}")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=grace_s)
+        kill_cgroup(self.cgroup)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+        self.ready = False
+
+    def log_text(self, tail: int = 6000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-tail:]
+        except OSError:
+            return ""
+
+    # -- probes -------------------------------------------------------------------------------
+    def _probe_loop(self, generation: int, stop: threading.Event) -> None:
+        startup = podspec.probe(self.spec, "startupProbe")
+        readiness = podspec.probe(self.spec, "readinessProbe")
+        liveness = podspec.probe(self.spec, "livenessProbe")
+        t0 = time.monotonic()
+        if startup is not None and not self._run_until(startup, "Startup", t0, stop):
+            return
+        self.started_at = time.time()
+        self.started.set()
+        if self.role == "init":
+            return
+        next_ready = next_live = time.monotonic()
+        if readiness is not None:
+            next_ready += readiness.initial_delay_s
+        if liveness is not None:
+            next_live += liveness.initial_delay_s
+        live_fail = ready_ok = ready_fail = 0
+        while not stop.is_set() and generation == self.generation:
+            now = time.monotonic()
+            if readiness is None:
+                self._set_ready(True)
+            elif now >= next_ready:
+                ok, msg = self.pod.run_probe(self, readiness)
+                ready_ok, ready_fail = (ready_ok + 1, 0) if ok else (0, ready_fail + 1)
+                if ok and ready_ok >= readiness.success_threshold:
+                    self._set_ready(True)
+                elif not ok:
+                    self.pod.event(self.name, "Unhealthy", f"Readiness probe failed: {msg}")
+                    if ready_fail >= readiness.failure_threshold:
+                        self._set_ready(False)
+                next_ready = now + readiness.period_s
+            if liveness is not None and now >= next_live:
+                ok, msg = self.pod.run_probe(self, liveness)
+                live_fail = 0 if ok else live_fail + 1
+                if not ok:
+                    self.pod.event(self.name, "Unhealthy", f"Liveness probe failed: {msg}")
+                    if live_fail >= liveness.failure_threshold:
+                        self.pod.event(self.name, "Killing",
+                                       "Container failed liveness probe, will be restarted")
+                        threading.Thread(target=self.kill, daemon=True).start()
+                        return
+                next_live = now + liveness.period_s
+            stop.wait(0.2)
+
+    def _run_until(self, p: Probe, what: str, t0: float, stop: threading.Event) -> bool:
+        stop.wait(p.initial_delay_s)
+        fails = 0
+        while not stop.is_set():
+            ok, msg = self.pod.run_probe(self, p)
+            if ok:
+                return True
+            fails += 1
+            self.pod.event(self.name, "Unhealthy", f"{what} probe failed: {msg}")
+            if fails >= p.failure_threshold:
+                self.pod.event(self.name, "Killing",
+                               f"Container failed {what.lower()} probe, will be restarted")
+                threading.Thread(target=self.kill, daemon=True).start()
+                return False
+            stop.wait(p.period_s)
+        return False
+
+    def _set_ready(self, ready: bool) -> None:
+        if ready and not self.ready:
+            self.ready_at = time.time()
+        self.ready = ready
+
+
+@dataclass
+class Pod:
+    """One pod of a StatefulSet, run on ``node``. ``claims`` maps a PVC name to a host dir."""
+
+    meta: PodMeta
+    spec: dict[str, Any]
+    configmaps: dict[str, dict[str, str]]
+    node: Node
+    image: Image
+    dir: Path
+    claims: dict[str, Path] = field(default_factory=dict)
+    gpu_first: int = 0
+    gpu_resource: str = "amd.com/gpu"
+    backoff_initial_s: float = BACKOFF_INITIAL_S
+    events: list[Event] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._tmpfs: list[Path] = []
+        self.volumes: dict[str, Path] = {}
+        self.containers: list[Container] = []
+        self._supervisor: threading.Thread | None = None
+
+    # -- events and probes ------------------------------------------------------------------------
+    def event(self, container: str, reason: str, message: str) -> None:
+        with self._lock:
+            self.events.append(Event(time.time(), container, reason, message))
+
+    def events_of(self, container: str, reason: str | None = None) -> list[Event]:
+        with self._lock:
+            return [e for e in self.events
+                    if e.container == container and (reason is None or e.reason == reason)]
+
+    def run_probe(self, c: Container, p: Probe) -> tuple[bool, str]:
+        if p.kind == "httpGet":
+            port = podspec.resolve_port(c.spec, p.target["port"])
+            url = f"http://{self.meta.pod_ip}:{port}{p.target.get('path', '/')}"
+            # kubelet's timeoutSeconds bounds the whole request (Go http.Client.Timeout), not
+            # each socket operation: a response after the deadline is a failed probe.
+            t0 = time.monotonic()
+            try:
+                with urllib.request.urlopen(url, timeout=p.timeout_s) as r:
+                    r.read()
+                    status = r.status
+            except urllib.error.HTTPError as e:
+                return False, f"HTTP probe failed with statuscode: {e.code}"
+            except Exception as e:  # timeouts, refused connections: what kubelet reports
+                return False, f'Get "{url}": {e}'
+            elapsed = time.monotonic() - t0
+            if elapsed > p.timeout_s:
+                return False, (f'Get "{url}": context deadline exceeded (Client.Timeout '
+                               f"exceeded while awaiting headers; answered after {elapsed:.2f}s)")
+            return 200 <= status < 400, f"HTTP {status}"
+        if p.kind == "exec":
+            if c.proc is None or c.proc.poll() is not None:
+                return False, "container not running"
+            cmd = ["nsenter", f"--target={self._leaf_pid(c)}", "--mount", "--",
+                   *p.target["command"]]
+            try:
+                r = subprocess.run(cmd, capture_output=True, timeout=p.timeout_s)
+            except subprocess.TimeoutExpired:
+                return False, f"command timed out after {p.timeout_s}s"
+            return r.returncode == 0, f"exit {r.returncode}"
+        if p.kind == "tcpSocket":
+            import socket
+
+            port = podspec.resolve_port(c.spec, p.target["port"])
+            try:
+                socket.create_connection((self.meta.pod_ip, port), timeout=p.timeout_s).close()
+                return True, "connected"
+            except OSError as e:
+                return False, str(e)
+        raise NotImplementedError(p.kind)
+
+    @staticmethod
+    def _leaf_pid(c: Container) -> int:
+        # The main pid is the shim, which execs setpriv, which execs the command: same pid.
+        assert c.proc is not None
+        return c.proc.pid
+
+    # -- volumes -----------------------------------------------------------------------------------
+    def _prepare_volumes(self) -> None:
+        sc = self.spec.get("securityContext", {})
+        fs_group = sc.get("fsGroup")
+        for vol in self.spec.get("volumes", []):
+            name = vol["name"]
+            path = self.dir / "volumes" / name
+            if "emptyDir" in vol:
+                path.mkdir(parents=True, exist_ok=True)
+                ed = vol["emptyDir"] or {}
+                if ed.get("medium") == "Memory":
+                    size = ed.get("sizeLimit")
+                    opts = "mode=1777" + (f",size={podspec.parse_quantity(size)}" if size else "")
+                    subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)],
+                                   check=True)
+                    self._tmpfs.append(path)
+                else:
+                    os.chmod(path, 0o777)
+            elif "persistentVolumeClaim" in vol:
+                claim = vol["persistentVolumeClaim"]["claimName"]
+                if claim not in self.claims:
+                    raise LookupError(f"PVC {claim!r} has no volume bound in this test (Pending)")
+                path = self.claims[claim]
+            elif "configMap" in vol:
+                path.mkdir(parents=True, exist_ok=True)
+                for k, v in self.configmaps[vol["configMap"]["name"]].items():
+                    (path / k).write_text(v)
+            else:
+                raise NotImplementedError(f"volume {name}: {sorted(vol)}")
+            self.volumes[name] = path
+        if fs_group is not None:
+            for path in self.volumes.values():
+                _own_group(path, int(fs_group))
+
+    def volume_host_path(self, name: str) -> Path:
+        if name not in self.volumes:
+            raise LookupError(f"volumeMount {name!r} names no volume of the pod")
+        return self.volumes[name]
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def start(self, wait_started_s: float = 600) -> None:
+        self._prepare_volumes()
+        for c_spec, role in podspec.containers_in_start_order(self.spec):
+            self.node.reserve_hugepages_for(c_spec)
+            c = Container(self, c_spec, role)
+            self.containers.append(c)
+        for c in self.containers:
+            c.start()
+            if c.role == "init":
+                assert c.proc is not None
+                rc = c.proc.wait(timeout=wait_started_s)
+                if rc != 0:
+                    raise RuntimeError(f"init container {c.name} exited {rc}:\n{c.log_text()}")
+            elif c.role == "sidecar" and not c.started.wait(wait_started_s):
+                raise RuntimeError(f"sidecar {c.name} did not start:\n{c.log_text()}")
+        self._supervisor = threading.Thread(target=self._supervise, daemon=True,
+                                            name=f"kubelet-{self.meta.name}")
+        self._supervisor.start()
+
+    def _supervise(self) -> None:
+        backoff: dict[str, float] = {}
+        while not self._stop.wait(0.2):
+            for c in self.containers:
+                if c.role == "init" or c.proc is None or c.proc.poll() is None:
+                    continue
+                rc = c.proc.returncode
+                c.exit_codes.append(rc)
+                c._probe_stop.set()
+                kill_cgroup(c.cgroup)
+                delay = backoff.get(c.name, self.backoff_initial_s)
+                self.event(c.name, "BackOff" if c.restarts else "Exited",
+                           f"exit code {rc}; restarting in {delay:.0f}s")
+                backoff[c.name] = min(delay * 2, BACKOFF_MAX_S)
+                c.proc = None
+                if self._stop.wait(delay):
+                    return
+                c.restarts += 1
+                c.start()
+
+    def container(self, name: str) -> Container:
+        return next(c for c in self.containers if c.name == name)
+
+    def wait(self, what: Callable[[], bool], timeout_s: float, label: str) -> float:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout_s:
+            if what():
+                return time.monotonic() - t0
+            time.sleep(0.2)
+        raise TimeoutError(f"{label} not reached in {timeout_s:.0f}s; events:\n"
+                           + "\n".join(f"  {e.container} {e.reason}: {e.message}"
+                                       for e in self.events[-25:])
+                           + "".join(f"\n--- {c.name} log:\n{c.log_text(3000)}"
+                                     for c in self.containers))
+
+    def wait_ready(self, timeout_s: float = 600, max_restarts: int = 2) -> float:
+        """Seconds until every app container is Ready; fails early (with the logs) once a
+        container has been restarted more than ``max_restarts`` times (CrashLoopBackOff)."""
+        apps = [c for c in self.containers if c.role == "app"]
+
+        def ready() -> bool:
+            looping = [c.name for c in self.containers if c.restarts > max_restarts]
+            if looping:
+                raise RuntimeError(f"CrashLoopBackOff: {looping}; events:\n" + "\n".join(
+                    f"  {e.container} {e.reason}: {e.message}" for e in self.events[-20:])
+                    + "".join(f"\n--- {c.name} log:\n{c.log_text(4000)}"
+                              for c in self.containers))
+            return all(c.ready for c in apps)
+
+        return self.wait(ready, timeout_s, "pod Ready")
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._supervisor is not None:
+            self._supervisor.join(timeout=5)
+        # Kubernetes 1.29+: app containers first, then sidecars in reverse start order.
+        for c in [c for c in self.containers if c.role == "app"] + [
+                c for c in reversed(self.containers) if c.role != "app"]:
+            c.kill(grace_s=min(float(self.spec.get("terminationGracePeriodSeconds", 30)), 20))
+        for path in reversed(self._tmpfs):
+            subprocess.run(["umount", "-l", str(path)], check=False)
+        self._tmpfs.clear()
+
+
+def _own_group(path: Path, gid: int) -> None:
+    """What kubelet does for fsGroup: group-own the volume, group rw, setgid directories."""
+    for root, dirs, files in os.walk(path):
+        for name in [root, *(os.path.join(root, d) for d in dirs),
+                     *(os.path.join(root, f) for f in files)]:
+            with contextlib.suppress(OSError):
+                os.chown(name, -1, gid)
+                mode = os.stat(name).st_mode
+                os.chmod(name, mode | 0o060 | (0o2010 if os.path.isdir(name) else 0))
+
+
+def rm_tree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
