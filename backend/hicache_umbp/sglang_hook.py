@@ -52,6 +52,8 @@ from .versions import SGLANG_VERSION
 log = logging.getLogger(__name__)
 
 TARGET = "sglang.srt.mem_cache.pool_host.common.get_allocator_from_storage"
+# SGLang checks each host pool against its host-memory budget here (pool_host/base.py).
+BUDGET_TARGET = "sglang.srt.mem_cache.pool_host.base.HostKVCache._allocate_host_buffer"
 # Modules that bind the function by name at import time; each must see the wrapper.
 BINDING_MODULES = (
     "sglang.srt.mem_cache.pool_host.common",
@@ -108,8 +110,13 @@ def install() -> None:
 
         modules = [importlib.import_module(m) for m in BINDING_MODULES]
         HookRegistry.register(TARGET, _around_get_allocator, HookType.AROUND)
+        HookRegistry.register(BUDGET_TARGET, _around_allocate_host_buffer, HookType.AROUND)
         HookRegistry.apply_hooks()
         stale = [m.__name__ for m in modules if not _answers_probe(m)]
+        from sglang.srt.mem_cache.pool_host.base import HostKVCache
+
+        if getattr(HostKVCache._allocate_host_buffer, "__wrapped__", None) is None:
+            stale.append(BUDGET_TARGET)
         if stale:
             raise RuntimeError(
                 "SGLang internals changed: get_allocator_from_storage is not wrapped in "
@@ -146,6 +153,41 @@ def _around_get_allocator(original: Callable[[str], Any], allocator_type: str) -
     with contextlib.suppress(AttributeError, TypeError):
         chosen._hicache_requested = allocator_type
     return chosen
+
+
+def _around_allocate_host_buffer(original: Callable[..., Any], pool: Any, *a: Any,
+                                 **kw: Any) -> Any:
+    """Check a hugepage-backed pool against hugepages, not against host RAM.
+
+    SGLang 0.5.23 refuses a pool larger than ``host_memory_budget_bytes()`` = (min(MemAvailable,
+    cgroup memory limit - usage) - 10 GiB) / ranks per host. Hugepages count in neither number:
+    on a node with hugepages reserved they are outside MemAvailable, and Kubernetes accounts them
+    outside the container's memory limit (hugepages-<size> request). So a pod sized correctly
+    for a hugepage pool fails at scheduler start. For our allocator's hugepage-backed pools the
+    budget becomes what this rank may really take: the free hugepages of the page size (of its
+    NUMA node when bound) within the container's hugetlb cgroup limit. A 4 KiB pool (or a
+    hugepage pool the allocator is allowed to demote when hugepages are short) keeps SGLang's
+    own check unchanged.
+    """
+    allocator = getattr(pool, "allocator", None)
+    if not isinstance(allocator, UMBPHostTensorAllocator) or not allocator.hugepage_bytes:
+        return original(pool, *a, **kw)
+    from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope
+
+    requested = int(pool.size) * int(pool.size_per_token)
+    problems = allocator.hugepage_problems(requested)
+    if not problems:
+        with host_memory_budget_scope(requested):
+            return original(pool, *a, **kw)
+    if allocator.config.host_allow_4k_fallback:
+        log.warning("hicache_umbp: %s; host_allow_4k_fallback: SGLang's host-memory check "
+                    "applies to the 4 KiB pool", "; ".join(problems))
+        return original(pool, *a, **kw)
+    from .allocator import HugepagesUnavailableError
+
+    raise HugepagesUnavailableError(
+        f"the HiCache host pool of rank {allocator.local_rank} cannot be backed by hugepages: "
+        + "; ".join(problems))
 
 
 def _server_extra_config() -> dict[str, Any] | None:
@@ -208,6 +250,26 @@ class UMBPHostTensorAllocator:
         self.buffers: list[Any] = []  # keep every region alive as long as the allocator
         self.allocations: list[HostPoolAllocation] = []
         self._hicache_requested = "dynamic"
+
+    @property
+    def hugepage_bytes(self) -> int:
+        """Page size the host pool asks for (0: 4 KiB pages)."""
+        return int(self.config.host_hugepage_bytes)
+
+    def hugepage_problems(self, nbytes: int) -> list[str]:
+        """Why ``nbytes`` of this rank's host pool would not fit in hugepages (``[]``: fits).
+
+        The launcher's own check (:func:`hicache_umbp.launch.hugepages.check_size`) on the real
+        node, for this one pool: hugetlb cgroup headroom, the node's and the NUMA node's free
+        pages of the size, read when the pool is about to be allocated.
+        """
+        from .launch.hugepages import PoolDemand, check_size
+        from .launch.noderoot import NodeRoot
+
+        page = self.hugepage_bytes
+        numa = self.rank_config.host_numa
+        demand = PoolDemand(f"host pool of rank {self.local_rank}", page, (nbytes,), (numa,))
+        return list(check_size(NodeRoot("/"), page, [demand]).problems)
 
     def allocate(self, dims: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
         if device != "cpu":
