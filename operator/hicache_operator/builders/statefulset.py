@@ -35,7 +35,19 @@ RUN_VOLUME = "hicache-run"
 SOCKET_VOLUME = "umbp-sockets"
 MODEL_VOLUME = "model"
 TMP_VOLUME = "tmp"
+# SGLang 0.5.23 endpoints (sglang/srt/entrypoints/http_server.py):
+# * /ready answers at once: 200 once the server finished starting and is not paused or
+#   shutting down (TokenizerManager.is_ready), else 503. It is what "can take traffic" means, so
+#   it gates startup and readiness.
+# * /health is /health_generate: it runs a 1-token generation when idle (ignored when busy) and
+#   sleeps 1 s before its first check, answering after >= 1 s and at most after
+#   SGLANG_HEALTH_CHECK_TIMEOUT (20 s) with 503. A probe on it with Kubernetes' default
+#   timeoutSeconds (1) never passes; liveness gives it the whole check time.
+READY_PATH = "/ready"
 HEALTH_PATH = "/health"
+SGLANG_HEALTH_CHECK_TIMEOUT_S = 20
+READY_TIMEOUT_S = 5
+HEALTH_TIMEOUT_S = SGLANG_HEALTH_CHECK_TIMEOUT_S + 5
 
 
 def _resources(b: BuildInput, c: ContainerSizing, ephemeral: int = 0) -> dict[str, Any]:
@@ -69,8 +81,8 @@ def _engine_container(b: BuildInput) -> dict[str, Any]:
     ]
     env += [v.model_dump(by_alias=True, exclude_none=True) for v in spec.engine.env]
 
-    def probe() -> dict[str, Any]:
-        return {"httpGet": {"path": HEALTH_PATH, "port": "http"}}
+    def probe(path: str, timeout_s: int) -> dict[str, Any]:
+        return {"httpGet": {"path": path, "port": "http"}, "timeoutSeconds": timeout_s}
 
     ephemeral = b.ssd.ephemeral_bytes if (b.ssd.enabled and not standalone) else 0
     return {
@@ -84,13 +96,15 @@ def _engine_container(b: BuildInput) -> dict[str, Any]:
         "resources": _resources(b, b.sizing.engine, ephemeral),
         "volumeMounts": mounts,
         # Loading a large model and prefaulting the host pool take long: up to 2 h to start.
-        "startupProbe": {**probe(), "periodSeconds": 10, "failureThreshold": 720},
-        "readinessProbe": {**probe(), "periodSeconds": 10, "failureThreshold": 3},
+        "startupProbe": {
+            **probe(READY_PATH, READY_TIMEOUT_S), "periodSeconds": 10, "failureThreshold": 720,
+        },
+        "readinessProbe": {
+            **probe(READY_PATH, READY_TIMEOUT_S), "periodSeconds": 10, "failureThreshold": 3,
+        },
+        # A wedged scheduler fails /health (no token within 20 s): restarted after ~2 min.
         "livenessProbe": {
-            **probe(),
-            "periodSeconds": 30,
-            "timeoutSeconds": 10,
-            "failureThreshold": 5,
+            **probe(HEALTH_PATH, HEALTH_TIMEOUT_S), "periodSeconds": 30, "failureThreshold": 4,
         },
         "securityContext": engine_security_context(spec, b.config.policy),
     }
