@@ -1,8 +1,9 @@
 """UMBP clients: what the store needs from one (:class:`UMBPClientLike`) and how to build real ones.
 
 The real client (``mori.umbp.UMBPClient``) and the in-process double
-(:mod:`hicache_umbp.memory_client`) both satisfy :class:`UMBPClientLike`; the double is trusted
-only because it passes the same contract suite as the real mori (tests/backend/contract.py).
+(``tests/support/memory_client.py``, test support, not shipped) both satisfy
+:class:`UMBPClientLike`; the double is trusted only because it passes the same contract suite as
+the real mori (tests/backend/contract.py).
 
 mori is imported lazily inside the factories: the operator imports this package without mori.
 

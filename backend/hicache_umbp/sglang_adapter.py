@@ -61,6 +61,7 @@ from .client import UMBPClientLike
 from .config import ConfigError, RankConfig, StoreConfig, load_store_config
 from .keys import MHA_PARTS, MLA_PARTS, KeyScheme
 from .pages import PointerPlan, host_buffer_ranges
+from .ranks import RankPosition, rank_position
 from .ratelimit import RateLimitedLog
 from .store import PagePointers, UMBPStore, build_store
 
@@ -69,7 +70,6 @@ log = logging.getLogger(__name__)
 BACKEND_NAME = "umbp"
 MODULE_PATH = __name__
 CLASS_NAME = "UMBPHiCacheStorage"
-DP_RANK_ENV = "SGLANG_DP_RANK"
 SUPPORTED_LAYOUTS = ("page_first", "page_first_direct", "page_head")
 
 ClientOpener = Callable[[RankConfig], UMBPClientLike]
@@ -93,7 +93,7 @@ def use_client_opener(opener: ClientOpener) -> Iterator[None]:
 
     For the ``sglang`` test tier: mori (cp310/cp312 wheels) is not installable beside SGLang's
     Python 3.11 CPU venv, so tests hand in the in-process double
-    (:class:`hicache_umbp.memory_client.MemoryUMBPClient`), which the ``mori`` tier validates
+    (``tests/support/memory_client.py``), which the ``mori`` tier validates
     against the real client.
     """
     global _client_opener
@@ -107,39 +107,15 @@ def use_client_opener(opener: ClientOpener) -> Iterator[None]:
 # ----------------------------------------------------------------------------- rank position
 
 
-@dataclass(frozen=True)
-class RankPosition:
-    """Where this SGLang worker sits: the fields the key scheme and per-rank config need."""
-
-    tp_rank: int
-    tp_size: int
-    dp_rank: int
-    pp_rank: int
-    pp_size: int
-
-    @property
-    def local_rank(self) -> int:
-        """Index into the per-rank configuration lists (one entry per GPU of the pod)."""
-        return (self.dp_rank * self.pp_size + self.pp_rank) * self.tp_size + self.tp_rank
-
-
-def parse_dp_rank_env(env: Mapping[str, str]) -> int | None:
-    raw = env.get(DP_RANK_ENV)
-    if raw is None or raw.strip() == "":
-        return None
-    value = raw.strip()
-    if not (value.isascii() and value.isdigit()):
-        raise ConfigError([f"{DP_RANK_ENV}={raw!r} must be a non-negative integer"])
-    return int(value)
-
-
-def rank_position(storage_config: HiCacheStorageConfig, env: Mapping[str, str]) -> RankPosition:
+def storage_rank_position(
+    storage_config: HiCacheStorageConfig, env: Mapping[str, str]
+) -> RankPosition:
     """SGLang's storage config already holds the attention-TP view under DP attention."""
-    dp_env = parse_dp_rank_env(env)
-    return RankPosition(
+    return rank_position(
+        env,
         tp_rank=storage_config.tp_rank,
         tp_size=storage_config.tp_size,
-        dp_rank=storage_config.dp_rank if dp_env is None else dp_env,
+        dp_rank=storage_config.dp_rank,
         pp_rank=storage_config.pp_rank,
         pp_size=storage_config.pp_size,
     )
@@ -172,7 +148,7 @@ class UMBPHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # sglang is unt
         extra = dict(storage_config.extra_config or {})
         self.storage_config = storage_config
         self.config: StoreConfig = load_store_config(extra, env)
-        self.position = rank_position(storage_config, env)
+        self.position = storage_rank_position(storage_config, env)
         self.rank_config: RankConfig = self.config.rank(self.position.local_rank)
         self.interface_v1 = bool(extra.get("interface_v1", 0))
         self._check_parallelism(storage_config)

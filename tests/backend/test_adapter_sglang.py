@@ -4,7 +4,7 @@ Real: SGLang's StorageBackendFactory, HiCacheStorageConfig, device and host KV p
 (MHATokenToKVPoolHost page_first / page_first_direct / page_head, MLATokenToKVPoolHost) on CPU,
 their get_page_buffer_meta pointer math, the launcher's extra-config rendering, our config
 parsing, key scheme and store. Faked: the UMBP client is the in-process double
-(hicache_umbp.memory_client), because mori has no wheel for this Python 3.11 venv; the ``mori``
+(support.memory_client), because mori has no wheel for this Python 3.11 venv; the ``mori``
 tier runs the same client contract against the real mori.
 """
 
@@ -19,7 +19,6 @@ import torch
 from hicache_umbp.config import ConfigError, load_launch_config
 from hicache_umbp.keys import parse_key
 from hicache_umbp.launch.command import store_extra_config
-from hicache_umbp.memory_client import MemoryUMBPClient
 from hicache_umbp.sglang_adapter import (
     CLASS_NAME,
     MODULE_PATH,
@@ -27,6 +26,7 @@ from hicache_umbp.sglang_adapter import (
     dynamic_extra_config,
     use_client_opener,
 )
+from support.memory_client import MemoryUMBPClient
 
 from . import sglang_env as E
 

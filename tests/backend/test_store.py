@@ -1,4 +1,4 @@
-"""UMBPStore over the in-process UMBP double (``hicache_umbp.memory_client``).
+"""UMBPStore over the in-process UMBP double (``support.memory_client``).
 
 Real: the store, the key scheme, the bytes (ctypes buffers copied by the double). Faked: mori
 itself, replaced by the double that passes the same contract suite as real mori; the double's
@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from hicache_umbp.config import GIB, MIB, ConfigError, load_store_config
 from hicache_umbp.keys import MHA_PARTS, MLA_PARTS, KeyScheme
-from hicache_umbp.memory_client import MemoryUMBPClient
 from hicache_umbp.ratelimit import RateLimitedLog
 from hicache_umbp.store import UMBPStore, build_store, write_back_ring_keys
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.memory_client import MemoryUMBPClient
 
 PAGE = 4096
 

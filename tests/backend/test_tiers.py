@@ -16,9 +16,9 @@ from collections.abc import Sequence
 
 import pytest
 from hicache_umbp.keys import MHA_PARTS, KeyScheme
-from hicache_umbp.memory_client import MemoryUMBPClient
 from hicache_umbp.store import UMBPStore
 from hicache_umbp.tiers import TieredClient
+from support.memory_client import MemoryUMBPClient
 
 SIZE = 4096
 
