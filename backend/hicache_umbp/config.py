@@ -58,6 +58,8 @@ HUGEPAGE_BYTES_ALLOWED = tuple(sorted(HUGEPAGE_SIZES.values()))
 MAX_BYTES = 1 << 60
 #: Largest NUMA node id (Linux MAX_NUMNODES is at most 1024).
 MAX_NUMA_NODE = 1023
+#: Default staging slot (largest page part) of an SSD node / the umbp-ssd sidecar.
+SSD_SLOT_BYTES_DEFAULT = 8 * MIB
 
 Kind = Literal[
     "bool", "int", "bytes", "float", "str", "enum", "rank_int", "rank_bytes", "rank_port"
@@ -173,6 +175,11 @@ SETTINGS: tuple[Setting, ...] = (
        "UNIX sockets (dram.sock, ssd.sock), shared with the sidecars.", modes=_STA),
     _s("umbp_standalone_wait_s", "float", 120.0, "How long to wait for the sidecar sockets.",
        modes=_STA, minimum=0),
+    _s("umbp_ssd_slot_bytes", "bytes", SSD_SLOT_BYTES_DEFAULT, "Staging slot of the umbp-ssd "
+       "sidecar (its UMBP_DISTRIBUTED_DRAM_PAGE_SIZE): the largest page part it can store. "
+       "Render it and the sidecar's env from the same number (>= the model's page part "
+       "bytes); the store refuses, when SGLang registers the host pool, a pool whose page "
+       "part is larger.", modes=_STA, minimum=4096),
     # --- distributed ---------------------------------------------------------------------------
     _s("umbp_master_address", "str", "", "host:port of umbp_master.", modes=_DIS),
     _s("umbp_peer_port", "rank_port", 18500, "Peer service port; a scalar auto-increments per "
@@ -251,6 +258,7 @@ class StoreConfig:
     umbp_promote_on_hit: bool
     umbp_socket_dir: str
     umbp_standalone_wait_s: float
+    umbp_ssd_slot_bytes: int
     umbp_master_address: str
     umbp_peer_port: tuple[int, ...]
     umbp_rdma_devices: str

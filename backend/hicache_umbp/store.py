@@ -26,15 +26,11 @@ import operator
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .client import UMBPClientLike
-from .config import BY_KEY, ConfigError
 from .keys import KeyScheme
 from .ratelimit import RateLimitedLog
-
-if TYPE_CHECKING:
-    from .config import RankConfig
 
 log = logging.getLogger(__name__)
 
@@ -406,109 +402,3 @@ def _page_pointers(
     except (TypeError, ValueError):
         return None
     return ptrs, sizes
-
-
-def write_back_ring_keys(queue_bytes: int, value_bytes: int, parts_per_page: int) -> int:
-    """Page parts the write-back ring holds: ``queue_bytes // value_bytes``.
-
-    The ring then takes exactly ``keys x value_bytes`` bytes, never more than the budget (the
-    operator counts the budget against the pod memory). It must hold one whole page
-    (``parts_per_page x value_bytes``), or no page could ever be written back.
-    """
-    page_bytes = parts_per_page * value_bytes
-    if queue_bytes < page_bytes:
-        setting = BY_KEY["umbp_tier_queue_bytes"]
-        raise ConfigError(
-            [f"{setting.key} ({setting.env})={queue_bytes} bytes is smaller than one page: "
-             f"{parts_per_page} part(s) x {value_bytes} bytes = {page_bytes} bytes; the "
-             f"write-back ring needs a budget of at least {page_bytes} bytes"]
-        )
-    return queue_bytes // value_bytes
-
-
-def build_store(
-    rank_config: RankConfig,
-    *,
-    model_id: str,
-    tp_size: int,
-    rank: int,
-    parts: tuple[str, ...],
-    value_bytes: int | None = None,
-) -> UMBPStore:
-    """The store for one rank as the configuration asks (needs the real mori).
-
-    One medium configured: the mori client for it (embedded DRAM, embedded SSD node, or the
-    standalone server of that medium). DRAM and SSD both configured: a
-    :class:`~hicache_umbp.tiers.TieredClient` over the two, with ``umbp_tier_write_policy``,
-    ``umbp_tier_queue_bytes`` (the ring's byte budget, see :func:`write_back_ring_keys`) and
-    ``umbp_promote_on_hit``.
-
-    ``model_id`` is used when ``umbp_model_id`` is empty; ``rank`` is the rank's position in the
-    key scheme (TP rank, or the global rank with DP attention); ``parts`` is ``("k", "v")`` for
-    MHA and ``("kv",)`` for MLA; ``value_bytes`` is the size of one page part (the largest value
-    the SSD path must stage; default: the client module's default slot size).
-    """
-    from .client import SSD_VALUE_BYTES_DEFAULT, OpenedClient, configured_media, make_client
-    from .tiers import MemfdStaging, MoriShmStaging, TieredClient
-
-    cfg = rank_config.config
-    keys = KeyScheme(
-        namespace=cfg.umbp_namespace,
-        model_id=cfg.umbp_model_id or model_id,
-        tp_size=tp_size,
-        rank=rank,
-        parts=parts,
-    )
-    ssd_value_bytes = value_bytes or SSD_VALUE_BYTES_DEFAULT
-    media = configured_media(rank_config)
-    # Checked before any client opens: a budget too small for one page is a config error.
-    ring_keys = (
-        write_back_ring_keys(cfg.umbp_tier_queue_bytes, ssd_value_bytes, keys.parts_per_page)
-        if len(media) > 1
-        else 0
-    )
-    opened: list[OpenedClient] = []
-
-    def close_all() -> None:
-        for o in reversed(opened):
-            o.close()
-
-    try:
-        for medium in media:
-            opened.append(make_client(rank_config, medium, ssd_value_bytes=ssd_value_bytes))
-    except BaseException:
-        close_all()
-        raise
-    max_pages: int | None = None
-    if len(opened) == 1:
-        client: UMBPClientLike = opened[0].client
-        if opened[0].max_batch_keys is not None:
-            max_pages = max(1, opened[0].max_batch_keys // keys.parts_per_page)
-    else:
-        dram, ssd = opened
-        client = TieredClient(
-            dram.client,
-            ssd.client,
-            write_policy=cfg.umbp_tier_write_policy,
-            # The ring takes exactly ring_keys parts of ssd_value_bytes: <= the byte budget.
-            queue_keys=ring_keys,
-            queue_bytes=ring_keys * ssd_value_bytes,
-            promote_on_hit=cfg.umbp_promote_on_hit,
-            ssd_max_batch_keys=ssd.max_batch_keys,
-            log_interval_s=cfg.umbp_log_interval_s,
-            # Standalone servers accept only mori-allocated AnonymousShm buffers.
-            staging=MoriShmStaging if cfg.umbp_mode == "standalone" else MemfdStaging,
-        )
-    log.info(
-        "UMBP store for rank %d: %s; keys %s",
-        rank,
-        " in front of ".join(o.description for o in opened),
-        keys.page_keys("<page>")[0],
-    )
-    return UMBPStore(
-        client,
-        keys,
-        log_interval_s=cfg.umbp_log_interval_s,
-        max_batch_pages=max_pages,
-        on_close=close_all,
-    )

@@ -15,10 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hicache_umbp.build import build_store
 from hicache_umbp.config import GIB, MIB, ConfigError, load_store_config
 from hicache_umbp.keys import MHA_PARTS, MLA_PARTS, KeyScheme
 from hicache_umbp.ratelimit import RateLimitedLog
-from hicache_umbp.store import UMBPStore, build_store, write_back_ring_keys
+from hicache_umbp.staging import write_back_ring_keys
+from hicache_umbp.store import UMBPStore
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.memory_client import MemoryUMBPClient
@@ -339,7 +341,7 @@ def test_build_store_refuses_a_too_small_ring_before_opening_any_client(tmp_path
     )
     with pytest.raises(ConfigError, match=r"umbp_tier_queue_bytes.*1048576 bytes.*"
                        r"2 part\(s\) x 8388608 bytes = 16777216 bytes"):
-        build_store(cfg.rank(0), model_id="m", tp_size=1, rank=0, parts=MHA_PARTS)
+        build_store(cfg.rank(0), keys=KeyScheme("", "m", 1, 0, MHA_PARTS), value_bytes=8 * MIB)
     assert not list(tmp_path.iterdir())  # no SSD client was opened
 
 
