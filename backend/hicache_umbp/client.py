@@ -392,10 +392,10 @@ def make_standalone_client(
         raise StandaloneServerUnavailableError(
             f"cannot connect to the standalone UMBP {medium} server at unix:{socket_path}: {exc}"
         ) from exc
-    # Reconnects (to a restarted server, on the data path) wait at most 1 s.
-    client: UMBPClientLike = ReconnectingClient(
+    reconnecting = ReconnectingClient(
         socket_path, connect, first_client=first, description=description
     )
+    client: UMBPClientLike = reconnecting
     max_value_bytes = None
     if medium == "ssd":
         if max_batch_keys is None:
@@ -409,4 +409,5 @@ def make_standalone_client(
         max_batch_keys=max_batch_keys,
         max_value_bytes=max_value_bytes,
         description=description,
+        _on_close=[reconnecting.close],
     )
