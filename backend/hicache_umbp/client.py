@@ -39,6 +39,7 @@ tests/backend/test_client_contract_mori.py):
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import time
@@ -54,6 +55,8 @@ from .staging import ssd_keys_per_call
 
 if TYPE_CHECKING:
     from .config import RankConfig
+
+log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 #: Largest value (one key's bytes) an SSD node accepts unless told otherwise: one staging slot.
@@ -317,6 +320,13 @@ def make_embedded_ssd_client(
     os.environ.setdefault(SSD_READ_LEASE_ENV, str(SSD_READ_LEASE_MS))
     umbp = import_umbp()
     os.makedirs(ssd_dir, exist_ok=True)
+    leftover = _segment_bytes(ssd_dir)
+    if leftover:
+        log.warning(
+            "%d bytes of SSD cache from an earlier process are in %s: amd-mori 1.2.4 discards "
+            "them now (its SSD tier keeps no index on disk), so the SSD tier starts cold "
+            "(docs/operations.md, 'Warm cache across restarts')", leftover, ssd_dir,
+        )
     config = umbp.UMBPConfig()
     config.dram.capacity_bytes = 0
     config.ssd.enabled = True
@@ -342,6 +352,14 @@ def make_embedded_ssd_client(
         description=f"embedded mori SSD node {capacity_bytes} B at {ssd_dir} ({io_backend}, "
         f"{durability}, {staging_slots} x {max_value_bytes} B staging)",
     )
+
+
+def _segment_bytes(ssd_dir: str) -> int:
+    try:
+        return sum(e.stat().st_size for e in os.scandir(ssd_dir)
+                   if e.name.startswith("segment_") and e.is_file())
+    except OSError:
+        return 0
 
 
 def make_standalone_client(
