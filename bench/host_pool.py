@@ -32,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backend"))
 
 from hicache_umbp import allocator as A
+from hicache_umbp import kernel_mem as K
 
 MAP_POPULATE = 0x8000
 
@@ -43,18 +44,18 @@ def map_populate_seconds(size: int, hugepage_bytes: int) -> tuple[float, bool]:
     if hugepage_bytes:
         huge = 0x40000 | (hugepage_bytes.bit_length() - 1) << 26
         t0 = time.perf_counter()
-        p = A._libc.mmap(None, size, A._PROT_RW, flags | huge, -1, 0)
+        p = K._libc.mmap(None, size, K._PROT_RW, flags | huge, -1, 0)
         dt = time.perf_counter() - t0
-        if p not in (None, A._MAP_FAILED):
-            A._libc.munmap(p, size)
+        if p not in (None, K._MAP_FAILED):
+            K._libc.munmap(p, size)
             return dt, False
         demoted = True
     t0 = time.perf_counter()
-    p = A._libc.mmap(None, size, A._PROT_RW, flags, -1, 0)
+    p = K._libc.mmap(None, size, K._PROT_RW, flags, -1, 0)
     dt = time.perf_counter() - t0
-    if p in (None, A._MAP_FAILED):
+    if p in (None, K._MAP_FAILED):
         raise MemoryError(f"mmap(MAP_POPULATE) of {size} B failed")
-    A._libc.munmap(p, size)
+    K._libc.munmap(p, size)
     return dt, demoted
 
 

@@ -12,11 +12,15 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from support.hugepages import HugepageReservation
 
 SERVER_START_TIMEOUT_S = 60.0
 
@@ -122,6 +126,30 @@ class StandaloneServers:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=10)
+
+
+@pytest.fixture
+def hugepages_2m() -> Iterator[Callable[[int], HugepageReservation]]:
+    """Reserve ``n`` 2 MiB hugepages for this test (root; skipped with the machine's reason when
+    it refuses); every reservation is given back at teardown, also when the test fails."""
+    from support.hugepages import HugepageReservation, HugepagesRefused
+
+    held: list[HugepageReservation] = []
+
+    def reserve(n: int) -> HugepageReservation:
+        r = HugepageReservation(n)
+        try:
+            r.__enter__()
+        except HugepagesRefused as e:
+            pytest.skip(f"hugepages unavailable here: {e}")
+        held.append(r)
+        return r
+
+    try:
+        yield reserve
+    finally:
+        for r in reversed(held):
+            r.__exit__(None, None, None)
 
 
 @pytest.fixture
