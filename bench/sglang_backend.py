@@ -34,12 +34,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from hicache_umbp.memory_client import MemoryUMBPClient  # noqa: E402
 from hicache_umbp.sglang_adapter import (  # noqa: E402
     UMBPHiCacheStorage,
     dynamic_extra_config,
     use_client_opener,
 )
+from support.memory_client import MemoryUMBPClient  # noqa: E402
 
 from backend import sglang_env as E  # noqa: E402
 

@@ -1,8 +1,9 @@
 """UMBP clients: what the store needs from one (:class:`UMBPClientLike`) and how to build real ones.
 
 The real client (``mori.umbp.UMBPClient``) and the in-process double
-(:mod:`hicache_umbp.memory_client`) both satisfy :class:`UMBPClientLike`; the double is trusted
-only because it passes the same contract suite as the real mori (tests/backend/contract.py).
+(``tests/support/memory_client.py``, test support, not shipped) both satisfy
+:class:`UMBPClientLike`; the double is trusted only because it passes the same contract suite as
+the real mori (tests/backend/contract.py).
 
 mori is imported lazily inside the factories: the operator imports this package without mori.
 
@@ -38,6 +39,7 @@ tests/backend/test_client_contract_mori.py):
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import time
@@ -46,16 +48,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from .config import ConfigError, Medium
+from .client_guards import ReconnectingClient, SerializedClient
+from .config import SSD_SLOT_BYTES_DEFAULT, ConfigError, Medium
+from .staging import SSD_STAGING_SLOTS as SSD_STAGING_SLOTS  # re-exported (operator imports it)
+from .staging import ssd_keys_per_call
 
 if TYPE_CHECKING:
     from .config import RankConfig
 
+log = logging.getLogger(__name__)
+
 MIB = 1024 * 1024
-#: Staging slots of the SSD path per put batch (mori's default ``ssd_staging_buffer_slots``).
-SSD_STAGING_SLOTS = 16
-#: Largest value (one key's bytes) the SSD path accepts unless told otherwise: one staging slot.
-SSD_VALUE_BYTES_DEFAULT = 8 * MIB
+#: Largest value (one key's bytes) an SSD node accepts unless told otherwise: one staging slot.
+#: The store sizes embedded slots from the registered host pool's page part instead
+#: (hicache_umbp.build); this default is the standalone sidecar's slot (umbp_ssd_slot_bytes).
+SSD_VALUE_BYTES_DEFAULT = SSD_SLOT_BYTES_DEFAULT
 #: Env var holding the command prefix (trixie loader + --library-path) that mori binaries need
 #: on hosts older than glibc 2.38; set by scripts/mori-python, empty in the engine image.
 LOADER_ENV = "MORI_CPU_LOADER"
@@ -225,6 +232,8 @@ def make_client(
             standalone_socket_path(cfg.umbp_socket_dir, medium),
             medium,
             wait_s=cfg.umbp_standalone_wait_s,
+            value_bytes=ssd_value_bytes,
+            slot_bytes=cfg.umbp_ssd_slot_bytes,
         )
     if medium == "dram":
         if rank.dram_bytes <= 0:
@@ -311,6 +320,13 @@ def make_embedded_ssd_client(
     os.environ.setdefault(SSD_READ_LEASE_ENV, str(SSD_READ_LEASE_MS))
     umbp = import_umbp()
     os.makedirs(ssd_dir, exist_ok=True)
+    leftover = _segment_bytes(ssd_dir)
+    if leftover:
+        log.warning(
+            "%d bytes of SSD cache from an earlier process are in %s: amd-mori 1.2.4 discards "
+            "them now (its SSD tier keeps no index on disk), so the SSD tier starts cold "
+            "(docs/operations.md, 'Warm cache across restarts')", leftover, ssd_dir,
+        )
     config = umbp.UMBPConfig()
     config.dram.capacity_bytes = 0
     config.ssd.enabled = True
@@ -328,7 +344,7 @@ def make_embedded_ssd_client(
     node.ssd_staging_buffer_size = int(staging_slots) * int(max_value_bytes)
     config.distributed = node
     return OpenedClient(
-        client=umbp.UMBPClient(config),
+        client=SerializedClient(umbp.UMBPClient(config)),
         medium="ssd",
         mode="embedded",
         max_batch_keys=staging_slots,
@@ -338,6 +354,14 @@ def make_embedded_ssd_client(
     )
 
 
+def _segment_bytes(ssd_dir: str) -> int:
+    try:
+        return sum(e.stat().st_size for e in os.scandir(ssd_dir)
+                   if e.name.startswith("segment_") and e.is_file())
+    except OSError:
+        return 0
+
+
 def make_standalone_client(
     socket_path: str,
     medium: Medium,
@@ -345,12 +369,18 @@ def make_standalone_client(
     wait_s: float = 120.0,
     poll_s: float = 0.05,
     max_batch_keys: int | None = None,
+    value_bytes: int = SSD_VALUE_BYTES_DEFAULT,
+    slot_bytes: int = SSD_VALUE_BYTES_DEFAULT,
 ) -> OpenedClient:
     """A client of the ``umbp_standalone_server`` listening on ``unix:<socket_path>``.
 
     Waits up to ``wait_s`` for the socket to appear (the sidecar may start after the engine).
     Buffers given to it must be registered and memfd-backed (see :mod:`hicache_umbp.allocator`).
-    ``max_batch_keys`` defaults to the SSD staging slots for ``medium == "ssd"``.
+    The client reconnects (and registers its buffers again) when the server is restarted
+    (:class:`~hicache_umbp.client_guards.ReconnectingClient`). For ``medium == "ssd"`` the
+    server was started with ``slot_bytes`` staging slots (``umbp_ssd_slot_bytes``): a batch
+    holds at most :func:`~hicache_umbp.staging.ssd_keys_per_call` values of ``value_bytes``
+    (``max_batch_keys`` overrides it), and calls are serialized.
     """
     deadline = time.monotonic() + max(0.0, wait_s)
     while not os.path.exists(socket_path):
@@ -362,25 +392,40 @@ def make_standalone_client(
             )
         time.sleep(poll_s)
     umbp = import_umbp()
-    config = umbp.UMBPConfig()
-    proc = umbp.UMBPStandaloneProcessConfig()
-    proc.address = f"unix:{socket_path}"
-    proc.auto_start = False
-    proc.startup_timeout_ms = max(1000, int(max(0.0, deadline - time.monotonic()) * 1000))
-    config.standalone_process = proc
+
+    def connect(timeout_ms: int = 1000) -> Any:
+        config = umbp.UMBPConfig()
+        proc = umbp.UMBPStandaloneProcessConfig()
+        proc.address = f"unix:{socket_path}"
+        proc.auto_start = False
+        proc.startup_timeout_ms = timeout_ms
+        config.standalone_process = proc
+        return umbp.UMBPClient(config)
+
+    first_timeout_ms = max(1000, int(max(0.0, deadline - time.monotonic()) * 1000))
+    description = f"standalone mori {medium} server at unix:{socket_path}"
     try:
-        client = umbp.UMBPClient(config)
+        first = connect(first_timeout_ms)
     except Exception as exc:
         raise StandaloneServerUnavailableError(
             f"cannot connect to the standalone UMBP {medium} server at unix:{socket_path}: {exc}"
         ) from exc
-    if max_batch_keys is None and medium == "ssd":
-        max_batch_keys = SSD_STAGING_SLOTS
+    reconnecting = ReconnectingClient(
+        socket_path, connect, first_client=first, description=description
+    )
+    client: UMBPClientLike = reconnecting
+    max_value_bytes = None
+    if medium == "ssd":
+        if max_batch_keys is None:
+            max_batch_keys = ssd_keys_per_call(value_bytes, slot_bytes)
+        max_value_bytes = SSD_STAGING_SLOTS * slot_bytes
+        client = SerializedClient(client)
     return OpenedClient(
         client=client,
         medium=medium,
         mode="standalone",
         max_batch_keys=max_batch_keys,
-        max_value_bytes=None,
-        description=f"standalone mori {medium} server at unix:{socket_path}",
+        max_value_bytes=max_value_bytes,
+        description=description,
+        _on_close=[reconnecting.close],
     )

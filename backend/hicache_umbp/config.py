@@ -53,6 +53,13 @@ MIB = 1024 * KIB
 GIB = 1024 * MIB
 HUGEPAGE_SIZES = {"none": 0, "2Mi": 2 * MIB, "1Gi": GIB}
 HUGEPAGE_BYTES_ALLOWED = tuple(sorted(HUGEPAGE_SIZES.values()))
+#: Largest byte size any setting accepts (1 EiB): far above any host or SSD, far below what
+#: mori's ``size_t`` / ``std::stoull`` overflow on, so a typo fails here naming its key.
+MAX_BYTES = 1 << 60
+#: Largest NUMA node id (Linux MAX_NUMNODES is at most 1024).
+MAX_NUMA_NODE = 1023
+#: Default staging slot (largest page part) of an SSD node / the umbp-ssd sidecar.
+SSD_SLOT_BYTES_DEFAULT = 8 * MIB
 
 Kind = Literal[
     "bool", "int", "bytes", "float", "str", "enum", "rank_int", "rank_bytes", "rank_port"
@@ -64,7 +71,8 @@ Kind = Literal[
 # module_path, class_name), HiCacheController.attach_storage_backend (interface_v1) and
 # _generate_storage_config (tp_lcm_size), HybridCacheController.parse_storage_backend_extra_config
 # (the prefetch_* and pass-prefix keys), pool_host.common.get_allocator_type (allocator) and
-# UnifiedRadixCache (file_storage_path, injected from --file-storage-path).
+# UnifiedRadixCache (file_storage_path, injected from --file-storage-path); extra_backend_tag is
+# the key prefix SGLang's SiMM backend reads from the same extra-config.
 SGLANG_EXTRA_CONFIG_KEYS = frozenset(
     {
         "backend_name",
@@ -78,6 +86,9 @@ SGLANG_EXTRA_CONFIG_KEYS = frozenset(
         "tp_lcm_size",
         "allocator",
         "file_storage_path",
+        # SGLang's SiMM backend prefixes its keys with it; we put it into our key scheme
+        # (hicache_umbp.keys), so two tags never share pages.
+        "extra_backend_tag",
     }
 )
 
@@ -107,6 +118,8 @@ class Setting:
 
 
 def _s(key: str, kind: Kind, default: Any, doc: str, **kw: Any) -> Setting:
+    if kind in ("bytes", "rank_bytes"):
+        kw.setdefault("maximum", MAX_BYTES)
     return Setting(key=key, env=ENV_PREFIX + key.upper(), kind=kind, default=default, doc=doc, **kw)
 
 
@@ -129,7 +142,7 @@ SETTINGS: tuple[Setting, ...] = (
     _s("umbp_dram_bytes", "rank_bytes", 0, "UMBP DRAM tier capacity per rank in bytes "
        "(0 disables the DRAM tier).", modes=_EMB, minimum=0),
     _s("umbp_dram_numa", "rank_int", -1, "NUMA node per rank for the UMBP DRAM tier "
-       "(-1: no binding).", modes=_EMB, minimum=-1),
+       "(-1: no binding).", modes=_EMB, minimum=-1, maximum=MAX_NUMA_NODE),
     _s("umbp_dram_hugepage_bytes", "enum", 0, "Hugepage size backing the UMBP DRAM tier "
        "(0: 4 KiB pages).", modes=_EMB, choices=HUGEPAGE_BYTES_ALLOWED),
     _s("umbp_dram_prefault", "bool", True, "Touch the UMBP DRAM tier at start so the first "
@@ -162,6 +175,11 @@ SETTINGS: tuple[Setting, ...] = (
        "UNIX sockets (dram.sock, ssd.sock), shared with the sidecars.", modes=_STA),
     _s("umbp_standalone_wait_s", "float", 120.0, "How long to wait for the sidecar sockets.",
        modes=_STA, minimum=0),
+    _s("umbp_ssd_slot_bytes", "bytes", SSD_SLOT_BYTES_DEFAULT, "Staging slot of the umbp-ssd "
+       "sidecar (its UMBP_DISTRIBUTED_DRAM_PAGE_SIZE): the largest page part it can store. "
+       "Render it and the sidecar's env from the same number (>= the model's page part "
+       "bytes); the store refuses, when SGLang registers the host pool, a pool whose page "
+       "part is larger.", modes=_STA, minimum=4096),
     # --- distributed ---------------------------------------------------------------------------
     _s("umbp_master_address", "str", "", "host:port of umbp_master.", modes=_DIS),
     _s("umbp_peer_port", "rank_port", 18500, "Peer service port; a scalar auto-increments per "
@@ -175,7 +193,7 @@ SETTINGS: tuple[Setting, ...] = (
     _s("host_hugepage_bytes", "enum", 2 * MIB, "Hugepage size of SGLang's host KV pool "
        "(0: 4 KiB pages).", choices=HUGEPAGE_BYTES_ALLOWED),
     _s("host_numa", "rank_int", -1, "NUMA node per rank for the host KV pool (-1: none).",
-       minimum=-1),
+       minimum=-1, maximum=MAX_NUMA_NODE),
     _s("host_prefault", "bool", True, "Prefault the host pool before serving."),
     _s("host_prefault_threads", "int", 0, "Threads touching the host pool (0: one per CPU "
        "of the pod).", minimum=0, maximum=1024),
@@ -240,6 +258,7 @@ class StoreConfig:
     umbp_promote_on_hit: bool
     umbp_socket_dir: str
     umbp_standalone_wait_s: float
+    umbp_ssd_slot_bytes: int
     umbp_master_address: str
     umbp_peer_port: tuple[int, ...]
     umbp_rdma_devices: str
@@ -309,11 +328,15 @@ class LaunchConfig:
 # ----------------------------------------------------------------------------- value checks
 
 
+def _bound(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else f"{v:g}"
+
+
 def _check_range(s: Setting, label: str, value: float) -> None:
     if s.minimum is not None and value < s.minimum:
-        raise ValueError(f"{label}={value!r} is below the minimum {s.minimum:g}")
+        raise ValueError(f"{label}={value!r} is below the minimum {_bound(s.minimum)}")
     if s.maximum is not None and value > s.maximum:
-        raise ValueError(f"{label}={value!r} is above the maximum {s.maximum:g}")
+        raise ValueError(f"{label}={value!r} is above the maximum {_bound(s.maximum)}")
 
 
 def parse_value(s: Setting, label: str, raw: Any, ranks: int) -> Any:
@@ -363,8 +386,14 @@ def _gather(
     env: Mapping[str, str] | None,
     scopes: frozenset[str],
     problems: list[str],
+    shadowed: dict[str, tuple[str, Any]] | None = None,
 ) -> dict[str, tuple[str, Any]]:
-    """Raw values by key with the label of the source that won (extra-config over env)."""
+    """Raw values by key with the label of the source that won (extra-config over env).
+
+    Env values that extra-config overrides go to ``shadowed``: they are still checked, so a
+    broken variable is reported even while the extra-config hides it (it would surface the
+    day the extra-config key is removed).
+    """
     raw: dict[str, tuple[str, Any]] = {}
     for name, value in (env or {}).items():
         if not name.startswith(ENV_PREFIX):
@@ -382,8 +411,20 @@ def _gather(
             valid = [k for k, v in BY_KEY.items() if v.scope in scopes]
             problems.append(f"unknown extra-config key {key!r}{closest(key, valid)}")
         else:
+            if shadowed is not None and key in raw:
+                shadowed[key] = raw[key]
             raw[key] = (f"extra-config {key!r}", value)
     return raw
+
+
+def _check_shadowed(
+    shadowed: dict[str, tuple[str, Any]], ranks: int, problems: list[str]
+) -> None:
+    for key, (label, value) in shadowed.items():
+        try:
+            parse_value(BY_KEY[key], label, value, ranks)
+        except ValueError as e:
+            problems.append(f"{e} (extra-config {key!r} overrides it; fix or unset {label})")
 
 
 def _resolve(
@@ -463,8 +504,10 @@ def load_store_config(
     """
     env = os.environ if env is None else env
     problems: list[str] = []
-    raw = _gather(extra, env, frozenset({"store"}), problems)
+    shadowed: dict[str, tuple[str, Any]] = {}
+    raw = _gather(extra, env, frozenset({"store"}), problems, shadowed)
     values, sources = _resolve(raw, frozenset({"store"}), problems)
+    _check_shadowed(shadowed, values["umbp_local_ranks"], problems)
     if not problems:
         _store_rules(values, problems)
     if problems:

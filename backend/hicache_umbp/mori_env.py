@@ -7,7 +7,7 @@ the sidecar containers, and the tests start real servers with them. Measured on 
 
 from __future__ import annotations
 
-from .config import MIB, ConfigError, Medium
+from .config import SSD_SLOT_BYTES_DEFAULT, ConfigError, Medium
 
 
 def standalone_server_env(
@@ -19,7 +19,7 @@ def standalone_server_env(
     durability: str = "relaxed",
     hugepage_bytes: int = 0,
     numa_node: int = -1,
-    value_bytes: int = 8 * MIB,
+    value_bytes: int = SSD_SLOT_BYTES_DEFAULT,
     staging_slots: int = 16,
 ) -> dict[str, str]:
     """mori's own ``UMBP_*`` variables for one ``umbp_standalone_server`` (one medium each).

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .keys import PageFormat
 from .store import PagePointers
 
 
@@ -101,3 +102,23 @@ def host_buffer_ranges(pool: Any) -> list[tuple[int, int]]:
             continue  # a view inside a buffer already listed
         merged.append((ptr, size))
     return merged
+
+
+def page_format_of(pool: Any, kv_cache_dtype: str | None) -> PageFormat:
+    """The key fields a SGLang host pool contributes (:class:`hicache_umbp.keys.PageFormat`):
+    its layout, page size in tokens, ``storage_format_tag`` and KV dtype.
+
+    SGLang keeps every fp8 KV cache as ``uint8`` in the host pool, so the pool alone cannot
+    tell ``fp8_e4m3`` from ``fp8_e5m2``: for a byte pool the server's ``--kv-cache-dtype``
+    (``kv_cache_dtype``) completes the dtype, e.g. ``uint8:fp8_e4m3``.
+    """
+    dtype = str(getattr(pool, "dtype", "")).removeprefix("torch.")
+    if dtype == "uint8" and kv_cache_dtype and kv_cache_dtype != "auto":
+        dtype = f"{dtype}:{kv_cache_dtype}"
+    tag = getattr(pool, "storage_format_tag", None)
+    return PageFormat(
+        layout=str(getattr(pool, "layout", "")),
+        kv_dtype=dtype,
+        page_tokens=int(pool.page_size),
+        format_tag=str(tag) if tag else "",
+    )

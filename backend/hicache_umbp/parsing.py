@@ -8,6 +8,7 @@ byte count (mori's ``std::stoull`` would read it as 10 bytes).
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -68,19 +69,26 @@ def _stoull_prefix(v: str) -> int:
 
 
 def parse_float(name: str, value: Any) -> float:
+    """A finite number. ``json.loads`` accepts the literals ``Infinity`` and ``NaN`` (SGLang's
+    extra-config is JSON), so non-finite floats are refused here, not later in arithmetic."""
     if isinstance(value, bool):
         raise ValueError(f"{name}={value!r} is a boolean, not a number")
+    f: float | None = None
     if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
+        try:
+            f = float(value)
+        except OverflowError:
+            f = math.inf
+    elif isinstance(value, str):
         try:
             f = float(value.strip())
         except ValueError:
-            pass
-        else:
-            if f == f and f not in (float("inf"), float("-inf")):
-                return f
-    raise ValueError(f"{name}={value!r} is not a number")
+            f = None
+    if f is None:
+        raise ValueError(f"{name}={value!r} is not a number")
+    if not math.isfinite(f):
+        raise ValueError(f"{name}={value!r} is not a finite number")
+    return f
 
 
 def _split_list(value: Any) -> list[Any] | None:

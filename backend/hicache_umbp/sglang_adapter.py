@@ -57,19 +57,20 @@ from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorageExtraInfo,
 )
 
+from .build import build_store
 from .client import UMBPClientLike
 from .config import ConfigError, RankConfig, StoreConfig, load_store_config
-from .keys import MHA_PARTS, MLA_PARTS, KeyScheme
-from .pages import PointerPlan, host_buffer_ranges
+from .keys import MHA_PARTS, MLA_PARTS, KeyScheme, PageFormat
+from .pages import PointerPlan, host_buffer_ranges, page_format_of
+from .ranks import RankPosition, rank_position
 from .ratelimit import RateLimitedLog
-from .store import PagePointers, UMBPStore, build_store
+from .store import PagePointers, UMBPStore
 
 log = logging.getLogger(__name__)
 
 BACKEND_NAME = "umbp"
 MODULE_PATH = __name__
 CLASS_NAME = "UMBPHiCacheStorage"
-DP_RANK_ENV = "SGLANG_DP_RANK"
 SUPPORTED_LAYOUTS = ("page_first", "page_first_direct", "page_head")
 
 ClientOpener = Callable[[RankConfig], UMBPClientLike]
@@ -89,11 +90,12 @@ def dynamic_extra_config(**settings: Any) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def use_client_opener(opener: ClientOpener) -> Iterator[None]:
-    """Open UMBP clients with ``opener`` instead of mori while the block runs.
+    """Open UMBP clients with ``opener`` instead of mori for backends constructed while the
+    block runs (the client opens later, when SGLang registers the host pool).
 
     For the ``sglang`` test tier: mori (cp310/cp312 wheels) is not installable beside SGLang's
     Python 3.11 CPU venv, so tests hand in the in-process double
-    (:class:`hicache_umbp.memory_client.MemoryUMBPClient`), which the ``mori`` tier validates
+    (``tests/support/memory_client.py``), which the ``mori`` tier validates
     against the real client.
     """
     global _client_opener
@@ -107,39 +109,15 @@ def use_client_opener(opener: ClientOpener) -> Iterator[None]:
 # ----------------------------------------------------------------------------- rank position
 
 
-@dataclass(frozen=True)
-class RankPosition:
-    """Where this SGLang worker sits: the fields the key scheme and per-rank config need."""
-
-    tp_rank: int
-    tp_size: int
-    dp_rank: int
-    pp_rank: int
-    pp_size: int
-
-    @property
-    def local_rank(self) -> int:
-        """Index into the per-rank configuration lists (one entry per GPU of the pod)."""
-        return (self.dp_rank * self.pp_size + self.pp_rank) * self.tp_size + self.tp_rank
-
-
-def parse_dp_rank_env(env: Mapping[str, str]) -> int | None:
-    raw = env.get(DP_RANK_ENV)
-    if raw is None or raw.strip() == "":
-        return None
-    value = raw.strip()
-    if not (value.isascii() and value.isdigit()):
-        raise ConfigError([f"{DP_RANK_ENV}={raw!r} must be a non-negative integer"])
-    return int(value)
-
-
-def rank_position(storage_config: HiCacheStorageConfig, env: Mapping[str, str]) -> RankPosition:
+def storage_rank_position(
+    storage_config: HiCacheStorageConfig, env: Mapping[str, str]
+) -> RankPosition:
     """SGLang's storage config already holds the attention-TP view under DP attention."""
-    dp_env = parse_dp_rank_env(env)
-    return RankPosition(
+    return rank_position(
+        env,
         tp_rank=storage_config.tp_rank,
         tp_size=storage_config.tp_size,
-        dp_rank=storage_config.dp_rank if dp_env is None else dp_env,
+        dp_rank=storage_config.dp_rank,
         pp_rank=storage_config.pp_rank,
         pp_size=storage_config.pp_size,
     )
@@ -172,7 +150,7 @@ class UMBPHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # sglang is unt
         extra = dict(storage_config.extra_config or {})
         self.storage_config = storage_config
         self.config: StoreConfig = load_store_config(extra, env)
-        self.position = rank_position(storage_config, env)
+        self.position = storage_rank_position(storage_config, env)
         self.rank_config: RankConfig = self.config.rank(self.position.local_rank)
         self.interface_v1 = bool(extra.get("interface_v1", 0))
         self._check_parallelism(storage_config)
@@ -191,8 +169,13 @@ class UMBPHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # sglang is unt
                 )
             self.split_factor = lcm // storage_config.tp_size
         self.model_id = self._model_id(storage_config)
-        self.stores: list[UMBPStore] = self._open_stores()
-        self.parts_per_page = sum(s.keys.parts_per_page for s in self.stores)
+        self.backend_tag = self._backend_tag(extra)
+        # Opened by register_mem_pool_host: the page part size and format come from the pool.
+        self.stores: list[UMBPStore] = []
+        self._opener = _client_opener  # the one in effect when SGLang built the backend
+        self.page_format: PageFormat | None = None
+        self.value_bytes = 0
+        self.parts_per_page = len(MLA_PARTS) if self.is_mla else len(MHA_PARTS) * self.split_factor
         self._warn = RateLimitedLog(log, self.config.umbp_log_interval_s)
         self._metrics_lock = threading.Lock()
         self._metrics = _Metrics([], [], [], [])
@@ -204,11 +187,11 @@ class UMBPHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # sglang is unt
                 "legacy path with tensor copies; add \"interface_v1\": 1 to the extra-config"
             )
         log.info(
-            "UMBPHiCacheStorage: mode=%s local_rank=%d model=%r keys=%s writer=%s",
+            "UMBPHiCacheStorage: mode=%s local_rank=%d model=%r writer=%s (stores open when "
+            "SGLang registers the host pool)",
             self.config.umbp_mode,
             self.position.local_rank,
             self.model_id,
-            [(s.keys.tp_size, s.keys.rank, s.keys.parts) for s in self.stores],
             self.is_writer,
         )
 
@@ -236,40 +219,38 @@ class UMBPHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # sglang is unt
             base += f"@cp{cfg.attn_cp_rank}of{cfg.attn_cp_size}"
         return base
 
-    def _schemes(self) -> list[KeyScheme]:
-        ns = self.config.umbp_namespace
+    @staticmethod
+    def _backend_tag(extra: Mapping[str, Any]) -> str:
+        tag = extra.get("extra_backend_tag", "")
+        if tag is None:
+            return ""
+        if not isinstance(tag, str):
+            raise ConfigError([f"extra-config 'extra_backend_tag'={tag!r} must be a string"])
+        return tag
+
+    def _schemes(self, fmt: PageFormat) -> list[KeyScheme]:
+        ns, model, tag = self.config.umbp_namespace, self.model_id, self.backend_tag
+
+        def scheme(tp_size: int, rank: int, parts: tuple[str, ...]) -> KeyScheme:
+            return KeyScheme(ns, model, tp_size, rank, parts, page_format=fmt, backend_tag=tag)
+
         if self.is_mla:
-            return [KeyScheme(ns, self.model_id, tp_size=1, rank=0, parts=MLA_PARTS)]
+            return [scheme(1, 0, MLA_PARTS)]
         pos = self.position
         if self.split_factor == 1:
-            return [KeyScheme(ns, self.model_id, pos.tp_size, pos.tp_rank, MHA_PARTS)]
+            return [scheme(pos.tp_size, pos.tp_rank, MHA_PARTS)]
         lcm = pos.tp_size * self.split_factor
         base = pos.tp_rank * self.split_factor
-        return [
-            KeyScheme(ns, self.model_id, lcm, base + i, MHA_PARTS)
-            for i in range(self.split_factor)
-        ]
+        return [scheme(lcm, base + i, MHA_PARTS) for i in range(self.split_factor)]
 
-    def _open_stores(self) -> list[UMBPStore]:
-        schemes = self._schemes()
-        first = schemes[0]
-        if _client_opener is not None:
-            client = _client_opener(self.rank_config)
-            head = UMBPStore(client, first, log_interval_s=self.config.umbp_log_interval_s)
-        else:
-            head = build_store(
-                self.rank_config,
-                model_id=first.model_id,
-                tp_size=first.tp_size,
-                rank=first.rank,
-                parts=first.parts,
-            )
-        # Split-head groups share the head store's client; only the head closes it.
-        rest = [
-            UMBPStore(head.client, s, log_interval_s=self.config.umbp_log_interval_s)
-            for s in schemes[1:]
-        ]
-        return [head, *rest]
+    def _open_stores(self, fmt: PageFormat, value_bytes: int) -> list[UMBPStore]:
+        """The head store (it owns the client) and one sibling per further split-head group:
+        siblings share the client, its batch limit and the buffer registrations."""
+        first, *others = self._schemes(fmt)
+        head = build_store(
+            self.rank_config, keys=first, value_bytes=value_bytes, opener=self._opener
+        )
+        return [head, *(head.sibling(s) for s in others)]
 
     # ------------------------------------------------------------------ registration
 
@@ -283,6 +264,11 @@ class UMBPHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # sglang is unt
             )
         if layout == "page_head" and self.split_factor == 1 and not self.is_mla:
             log.info("page_head layout without tp_lcm_size: pages are stored as whole K/V parts")
+        if self.stores:
+            if mem_pool_host is self.mem_pool_host:
+                return
+            raise ConfigError(["a second host pool was registered with this UMBP backend; "
+                               "it serves exactly one KV host pool"])
         super().register_mem_pool_host(mem_pool_host)
         self._plan = PointerPlan.derive(
             mem_pool_host, self._meta, self.parts_per_page, _index_tensor
@@ -292,13 +278,33 @@ class UMBPHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # sglang is unt
         from . import sglang_hook
 
         sglang_hook.check_pool_allocator(mem_pool_host, self.config)
+        # The real page part size sizes the SSD staging slots and the write-back ring, and the
+        # pool's format is part of every key; sizes no tier can hold fail here, once.
+        self.value_bytes = max(self._part_sizes(mem_pool_host))
+        self.page_format = page_format_of(mem_pool_host, _published_kv_cache_dtype())
+        self.stores = self._open_stores(self.page_format, self.value_bytes)
         for ptr, size in host_buffer_ranges(mem_pool_host):
-            for store in self.stores:
+            for store in self.stores:  # siblings share registrations: one client call
                 if not store.register_buffer(ptr, size):
                     raise RuntimeError(
                         f"UMBP client refused to register the host pool buffer "
                         f"[{ptr:#x}, +{size}) for zero-copy I/O"
                     )
+        log.info(
+            "UMBPHiCacheStorage: page part %d bytes, format %s, keys %s",
+            self.value_bytes,
+            self.page_format,
+            [s.keys.page_keys("<page>") for s in self.stores],
+        )
+
+    def _part_sizes(self, pool: Any) -> tuple[int, ...]:
+        if self._plan is not None:
+            return self._plan.sizes
+        _, sizes = self._meta(_index_tensor(list(range(int(pool.page_size)))))
+        if len(sizes) != self.parts_per_page:
+            raise ConfigError([f"host pool gave {len(sizes)} page parts, expected "
+                               f"{self.parts_per_page} (layout {pool.layout!r})"])
+        return tuple(int(x) for x in sizes)
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
         """SGLang registers its host pool group here; only the KV pool is supported.
@@ -361,6 +367,8 @@ class UMBPHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # sglang is unt
         if not keys:
             return 0
         try:
+            if not self.stores:
+                raise RuntimeError("register_mem_pool_host was not called")
             return min(store.batch_exists(keys) for store in self.stores)
         except Exception as e:
             self._warn.warn("exists_error", "batch_exists of %d pages failed: %r", len(keys), e)
@@ -399,6 +407,8 @@ class UMBPHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # sglang is unt
         return list(ptrs), list(sizes)
 
     def _run(self, op: str, keys: Sequence[str], pages: Sequence[PagePointers]) -> list[bool]:
+        if not self.stores:
+            raise RuntimeError("register_mem_pool_host was not called")
         if len(self.stores) == 1:
             store = self.stores[0]
             return store.batch_set(keys, pages) if op == "set" else store.batch_get(keys, pages)
@@ -505,9 +515,8 @@ class UMBPHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # sglang is unt
         return all(store.flush() for store in self.stores[:1])
 
     def close(self) -> None:
-        for store in reversed(self.stores[1:]):
+        for store in reversed(self.stores):  # siblings first; the head owns the client
             store.close()
-        self.stores[0].close()
 
     def _sample(
         self, is_get: bool, ok: list[bool], pages: Sequence[PagePointers], start: float
@@ -549,3 +558,14 @@ class UMBPHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # sglang is unt
 
 def _index_tensor(values: list[int]) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int64)
+
+
+def _published_kv_cache_dtype() -> str | None:
+    """SGLang's ``--kv-cache-dtype`` in a scheduler process (None where no server args were
+    published, e.g. a bare pool in a test)."""
+    try:
+        from sglang.srt.runtime_context import get_server_args
+
+        return str(get_server_args().kv_cache_dtype)
+    except Exception:
+        return None

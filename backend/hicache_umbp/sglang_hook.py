@@ -214,7 +214,7 @@ def local_rank_from_runtime(env: Mapping[str, str]) -> int:
     from sglang.srt.layers.dp_attention import is_dp_attention_enabled
     from sglang.srt.runtime_context import get_parallel
 
-    from .sglang_adapter import RankPosition, parse_dp_rank_env
+    from .ranks import RankPosition, parse_dp_rank_env
 
     par = get_parallel()
     if is_dp_attention_enabled():

@@ -22,18 +22,15 @@ what it must, counters are updated under a lock once per batch.
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .client import UMBPClientLike
-from .config import BY_KEY, ConfigError
 from .keys import KeyScheme
 from .ratelimit import RateLimitedLog
-
-if TYPE_CHECKING:
-    from .config import RankConfig
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +70,7 @@ class UMBPStore:
         max_batch_pages: int | None = None,
         on_close: Callable[[], None] | None = None,
         owns_client: bool = True,
+        registered: dict[int, int] | None = None,
     ) -> None:
         if max_batch_pages is not None and max_batch_pages < 1:
             raise ValueError(f"max_batch_pages={max_batch_pages!r} must be >= 1 or None")
@@ -86,7 +84,8 @@ class UMBPStore:
         self._warn = RateLimitedLog(log, log_interval_s)
         self._lock = threading.Lock()
         self._stats = StoreStats()
-        self._registered: dict[int, int] = {}
+        # Shared by siblings over one client: a buffer is registered with the client once.
+        self._registered: dict[int, int] = {} if registered is None else registered
         self._closed = False
 
     @property
@@ -103,13 +102,16 @@ class UMBPStore:
 
     def sibling(self, keys: KeyScheme) -> UMBPStore:
         """A store over the same client and batching with another key scheme (e.g. one per
-        split-head group); closing it deregisters its buffers but leaves the client open."""
+        split-head group). Siblings share the registrations (a buffer registered through any
+        of them is registered with the client once); closing a sibling leaves the client and
+        the registrations to the owning store, which deregisters and closes them."""
         return UMBPStore(
             self._client,
             keys,
             log_interval_s=self._log_interval_s,
             max_batch_pages=self._max_batch_pages,
             owns_client=False,
+            registered=self._registered,
         )
 
     # ------------------------------------------------------------------ registration
@@ -118,6 +120,9 @@ class UMBPStore:
         """Register a host buffer with the client once (later calls for it return True)."""
         if self._closed:
             self._fail("closed", "register_buffer called after close()")
+            return False
+        if not (_is_int(ptr) and _is_int(size)):
+            self._fail("bad_input", "register_buffer(%r, %r): not integers", ptr, size)
             return False
         if self._registered.get(ptr) == size:
             return True
@@ -141,7 +146,7 @@ class UMBPStore:
         Returns one boolean per page. mori keys are write-once: setting a page that is already
         stored returns True and keeps the stored bytes.
         """
-        n = len(hashes)
+        n = self._count("set", hashes)
         if n == 0:
             return []
         results = self._transfer("put", hashes, parts)
@@ -160,7 +165,7 @@ class UMBPStore:
         A page reported False may have been partly written into its buffers; the caller must
         treat those buffers as garbage (SGLang does: it only uses hit pages).
         """
-        n = len(hashes)
+        n = self._count("get", hashes)
         if n == 0:
             return []
         results = self._transfer("get", hashes, parts)
@@ -175,14 +180,19 @@ class UMBPStore:
 
     def batch_exists(self, hashes: Sequence[str]) -> int:
         """How many leading pages of ``hashes`` are present with all of their parts."""
-        n = len(hashes)
+        n = self._count("exists", hashes)
         if n == 0:
             return 0
         present = 0
+        # Only the leading string hashes can count; a malformed one ends the run.
+        valid = next((i for i in range(n) if type(hashes[i]) is not str), n)
+        if valid < n:
+            self._fail("bad_input", "batch_exists: hash %d of %d is %r, not a string",
+                       valid, n, type(hashes[valid]).__name__)
         if self._closed:
             self._fail("closed", "batch_exists called after close()")
-        else:
-            keys = self._keys.batch_keys(hashes)
+        elif valid:
+            keys = self._keys.batch_keys(hashes[:valid])
             try:
                 self._count_call()
                 count: Any = self._client.batch_exists_consecutive(keys)
@@ -222,10 +232,13 @@ class UMBPStore:
             return False
 
     def close(self) -> None:
-        """Deregister buffers and release the client; idempotent, never raises."""
+        """Deregister buffers and release the client (the owning store only); idempotent,
+        never raises."""
         if self._closed:
             return
         self._closed = True
+        if not self._owns_client:
+            return  # the owning store deregisters the shared buffers and closes the client
         for ptr in list(self._registered):
             try:
                 self._count_call()
@@ -233,8 +246,6 @@ class UMBPStore:
             except Exception as e:
                 self._fail("deregister_exception", "deregister_memory(%#x) raised %r", ptr, e)
         self._registered.clear()
-        if not self._owns_client:
-            return
         closer = getattr(self._client, "close", None)
         try:
             if callable(closer):
@@ -246,6 +257,19 @@ class UMBPStore:
 
     # ------------------------------------------------------------------ internals
 
+    def _count(self, op: str, hashes: Sequence[str]) -> int:
+        """``len(hashes)``; 0 (and one bad_input failure) when it is no list of pages."""
+        if isinstance(hashes, (str, bytes)):
+            self._fail("bad_input", "batch_%s got a single %s instead of a list of hashes",
+                       op, type(hashes).__name__)
+            return 0
+        try:
+            return len(hashes)
+        except TypeError:
+            self._fail("bad_input", "batch_%s got %r instead of a list of hashes", op,
+                       type(hashes).__name__)
+            return 0
+
     def _transfer(
         self, op: str, hashes: Sequence[str], parts: Sequence[PagePointers]
     ) -> list[bool]:
@@ -253,34 +277,53 @@ class UMBPStore:
         if self._closed:
             self._fail("closed", "batch_%s called after close()", op)
             return [False] * n
-        if len(parts) != n:
-            self._fail(
-                "bad_input", "batch_%s got %d hashes but %d page pointer lists", op, n, len(parts)
-            )
+        try:
+            nparts_given = len(parts)
+        except TypeError:
+            nparts_given = -1
+        if nparts_given != n or isinstance(parts, (str, bytes)):
+            self._fail("bad_input", "batch_%s got %d hashes but %r as page pointers",
+                       op, n, nparts_given if nparts_given >= 0 else type(parts).__name__)
             return [False] * n
+        try:
+            return self._transfer_pages(op, hashes, parts)
+        except Exception as e:  # the promise: never raise into SGLang's threads
+            self._fail("internal_error", "batch_%s of %d pages raised %r", op, n, e)
+            return [False] * n
+
+    def _transfer_pages(
+        self, op: str, hashes: Sequence[str], parts: Sequence[PagePointers]
+    ) -> list[bool]:
+        n = len(hashes)
         nparts = self._parts
         results = [False] * n
-        # Pages with the wrong number of (ptr, size) pairs are refused; the rest go through.
-        valid = [i for i in range(n) if len(parts[i]) == nparts]
-        if len(valid) != n:
+        # Malformed pages (a non-string hash, not exactly ``nparts`` integer (ptr, size)
+        # pairs) are refused one by one; the rest go through.
+        pages_ok: list[tuple[int, list[int], list[int]]] = []
+        for i in range(n):
+            page = _page_pointers(hashes[i], parts[i], nparts)
+            if page is not None:
+                pages_ok.append((i, *page))
+        if len(pages_ok) != n:
             self._fail(
                 "bad_input",
-                "batch_%s: %d pages do not have exactly %d (ptr, size) parts",
+                "batch_%s: %d pages are malformed (a hash that is not a string, or not exactly "
+                "%d integer (ptr, size) parts)",
                 op,
-                n - len(valid),
+                n - len(pages_ok),
                 nparts,
             )
-        step = self._max_batch_pages or len(valid) or 1
+        step = self._max_batch_pages or len(pages_ok) or 1
         call = (
             self._client.batch_put_from_ptr if op == "put" else self._client.batch_get_into_ptr
         )
-        for start in range(0, len(valid), step):
-            pages = valid[start : start + step]
-            keys = self._keys.batch_keys([hashes[i] for i in pages])
-            ptrs = [p for i in pages for p, _ in parts[i]]
-            sizes = [s for i in pages for _, s in parts[i]]
+        for start in range(0, len(pages_ok), step):
+            chunk = pages_ok[start : start + step]
+            keys = self._keys.batch_keys([hashes[i] for i, _, _ in chunk])
+            ptrs = [p for _, page_ptrs, _ in chunk for p in page_ptrs]
+            sizes = [s for _, _, page_sizes in chunk for s in page_sizes]
             key_ok = self._call(op, call, keys, ptrs, sizes)
-            for j, i in enumerate(pages):
+            for j, (i, _, _) in enumerate(chunk):
                 base = j * nparts
                 results[i] = all(key_ok[base : base + nparts])
         return results
@@ -316,8 +359,8 @@ class UMBPStore:
     def _page_bytes(self, parts: Sequence[PagePointers], results: list[bool]) -> int:
         total = 0
         for i, ok in enumerate(results):
-            if ok:
-                total += sum(size for _, size in parts[i])
+            if ok:  # only pages that passed _page_pointers can be True
+                total += sum(int(size) for _, size in parts[i])
         return total
 
     def _count_call(self) -> None:
@@ -330,107 +373,32 @@ class UMBPStore:
         self._warn.warn(kind, msg, *args)
 
 
-def write_back_ring_keys(queue_bytes: int, value_bytes: int, parts_per_page: int) -> int:
-    """Page parts the write-back ring holds: ``queue_bytes // value_bytes``.
-
-    The ring then takes exactly ``keys x value_bytes`` bytes, never more than the budget (the
-    operator counts the budget against the pod memory). It must hold one whole page
-    (``parts_per_page x value_bytes``), or no page could ever be written back.
-    """
-    page_bytes = parts_per_page * value_bytes
-    if queue_bytes < page_bytes:
-        setting = BY_KEY["umbp_tier_queue_bytes"]
-        raise ConfigError(
-            [f"{setting.key} ({setting.env})={queue_bytes} bytes is smaller than one page: "
-             f"{parts_per_page} part(s) x {value_bytes} bytes = {page_bytes} bytes; the "
-             f"write-back ring needs a budget of at least {page_bytes} bytes"]
-        )
-    return queue_bytes // value_bytes
-
-
-def build_store(
-    rank_config: RankConfig,
-    *,
-    model_id: str,
-    tp_size: int,
-    rank: int,
-    parts: tuple[str, ...],
-    value_bytes: int | None = None,
-) -> UMBPStore:
-    """The store for one rank as the configuration asks (needs the real mori).
-
-    One medium configured: the mori client for it (embedded DRAM, embedded SSD node, or the
-    standalone server of that medium). DRAM and SSD both configured: a
-    :class:`~hicache_umbp.tiers.TieredClient` over the two, with ``umbp_tier_write_policy``,
-    ``umbp_tier_queue_bytes`` (the ring's byte budget, see :func:`write_back_ring_keys`) and
-    ``umbp_promote_on_hit``.
-
-    ``model_id`` is used when ``umbp_model_id`` is empty; ``rank`` is the rank's position in the
-    key scheme (TP rank, or the global rank with DP attention); ``parts`` is ``("k", "v")`` for
-    MHA and ``("kv",)`` for MLA; ``value_bytes`` is the size of one page part (the largest value
-    the SSD path must stage; default: the client module's default slot size).
-    """
-    from .client import SSD_VALUE_BYTES_DEFAULT, OpenedClient, configured_media, make_client
-    from .tiers import MemfdStaging, MoriShmStaging, TieredClient
-
-    cfg = rank_config.config
-    keys = KeyScheme(
-        namespace=cfg.umbp_namespace,
-        model_id=cfg.umbp_model_id or model_id,
-        tp_size=tp_size,
-        rank=rank,
-        parts=parts,
-    )
-    ssd_value_bytes = value_bytes or SSD_VALUE_BYTES_DEFAULT
-    media = configured_media(rank_config)
-    # Checked before any client opens: a budget too small for one page is a config error.
-    ring_keys = (
-        write_back_ring_keys(cfg.umbp_tier_queue_bytes, ssd_value_bytes, keys.parts_per_page)
-        if len(media) > 1
-        else 0
-    )
-    opened: list[OpenedClient] = []
-
-    def close_all() -> None:
-        for o in reversed(opened):
-            o.close()
-
+def _is_int(value: object) -> bool:
+    if isinstance(value, bool):
+        return False
     try:
-        for medium in media:
-            opened.append(make_client(rank_config, medium, ssd_value_bytes=ssd_value_bytes))
-    except BaseException:
-        close_all()
-        raise
-    max_pages: int | None = None
-    if len(opened) == 1:
-        client: UMBPClientLike = opened[0].client
-        if opened[0].max_batch_keys is not None:
-            max_pages = max(1, opened[0].max_batch_keys // keys.parts_per_page)
-    else:
-        dram, ssd = opened
-        client = TieredClient(
-            dram.client,
-            ssd.client,
-            write_policy=cfg.umbp_tier_write_policy,
-            # The ring takes exactly ring_keys parts of ssd_value_bytes: <= the byte budget.
-            queue_keys=ring_keys,
-            queue_bytes=ring_keys * ssd_value_bytes,
-            promote_on_hit=cfg.umbp_promote_on_hit,
-            ssd_max_batch_keys=ssd.max_batch_keys,
-            log_interval_s=cfg.umbp_log_interval_s,
-            # Standalone servers accept only mori-allocated AnonymousShm buffers.
-            staging=MoriShmStaging if cfg.umbp_mode == "standalone" else MemfdStaging,
-        )
-    log.info(
-        "UMBP store for rank %d: %s; keys %s",
-        rank,
-        " in front of ".join(o.description for o in opened),
-        keys.page_keys("<page>")[0],
-    )
-    return UMBPStore(
-        client,
-        keys,
-        log_interval_s=cfg.umbp_log_interval_s,
-        max_batch_pages=max_pages,
-        on_close=close_all,
-    )
+        operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return False
+    return True
+
+
+def _page_pointers(
+    page_hash: object, page: object, nparts: int
+) -> tuple[list[int], list[int]] | None:
+    """The page's pointers and sizes, or None when the page is malformed."""
+    if type(page_hash) is not str:
+        return None
+    try:
+        if len(page) != nparts:  # type: ignore[arg-type]
+            return None
+        ptrs: list[int] = []
+        sizes: list[int] = []
+        for ptr, size in page:  # type: ignore[attr-defined]
+            if isinstance(ptr, bool) or isinstance(size, bool):
+                return None
+            ptrs.append(operator.index(ptr))
+            sizes.append(operator.index(size))
+    except (TypeError, ValueError):
+        return None
+    return ptrs, sizes

@@ -3,49 +3,55 @@
 mori 1.2.4 puts a DRAM tier in front of an SSD tier only through its RDMA transfer engine, so a
 client (embedded) or a standalone server serves exactly one medium. :class:`TieredClient` is itself
 a :class:`~hicache_umbp.client.UMBPClientLike` over a DRAM client and an SSD client, so
-:class:`~hicache_umbp.store.UMBPStore` is the same for one tier or two. The policy:
+:class:`~hicache_umbp.store.UMBPStore` is the same for one tier or two.
 
-Writes
-    land in DRAM and reach SSD by the write policy:
+Pages are atomic. Keys come page-major in groups of ``parts_per_page`` (K and V of an MHA page,
+as the store sends them), and each tier holds, for each page, parts of at most one write:
 
-    * ``write_back`` (default; measured in ``bench/l3_store.py``): inside the call the page
-      bytes are copied into a staging ring of our own (``queue_bytes``, at most ``queue_keys``
-      keys) and queued; a background thread writes them from the ring to SSD in batches of at
-      most ``ssd_max_batch_keys`` (mori's SSD staging slots). The caller's buffer is free again
-      when the call returns (SGLang reuses host slots at once). A put that finds the ring full
-      waits up to ``queue_wait_s`` for the writer, then writes that batch to SSD synchronously
-      from the caller's buffer (write-through for that batch).
-    * ``write_through``: the call returns after both tiers were written.
+* mori keys are write-once *per key* and tiers evict per key, so a page whose K was evicted
+  while its V stayed would, re-put by another writer, hold K from one write and V from another
+  (``tests/backend/test_tiers_mori.py`` stages exactly that on real mori). So a put writes a
+  page only into a tier that holds *no* part of it: a tier holding the whole page keeps it, a
+  tier holding part of it is skipped (the partial page ages out).
+* puts (and promotions) run one at a time, so two writers of one page never interleave.
+* reads take all of a page's parts from one side: DRAM when DRAM has every part, else the
+  SSD side (the write-back ring plus SSD, which only ever hold one write of a page), else miss.
 
-    A key counts as stored when either tier took it or it is queued.
+Writes land in DRAM and reach SSD by the write policy:
 
-    Why not copy DRAM -> SSD in the background: measured on real mori 1.2.4, its DRAM tier
-    evicts keys that were never read first. Once DRAM is full of keys that were read, a
-    fresh put returns True and is evicted within the same call, before any background reader
-    could copy it (``tests/backend/test_tiers_mori.py`` fills DRAM four times over). Only a
-    copy taken inside the call is safe.
-Reads
-    try DRAM, then the write-back ring (pages not yet on SSD), then SSD; SSD hits are promoted
-    into DRAM (``promote_on_hit``) from the caller's buffer, which the read just filled.
-Exists
-    consults DRAM, the ring and SSD: a page evicted from DRAM is still served from SSD.
+* ``write_back`` (default; measured in ``bench/l3_store.py``): pages DRAM took are copied into a
+  staging ring of our own (:mod:`hicache_umbp.writeback`) inside the call and a background
+  thread writes them to SSD in batches of at most ``ssd_max_batch_keys`` (mori's SSD staging
+  slots). A put that finds the ring full waits up to ``queue_wait_s``, then writes that batch
+  to SSD synchronously from the caller's buffer.
+* ``write_through``: the call returns after both tiers were written.
 
-``flush`` waits until the ring is drained; ``close`` drains it and stops the thread.
+A page is reported stored only when a tier holds it: DRAM took it (or held it), or the SSD side
+holds it (already there, or written synchronously). Pages DRAM refuses (full, or its server
+down) are written to SSD synchronously, never only queued: a queued copy is not a stored page
+until SSD accepts it.
+
+Why copy inside the put rather than DRAM -> SSD in the background: on real mori 1.2.4 a DRAM
+tier full of keys that were read evicts a fresh put within the same call, before any background
+reader could copy it (``test_mori_dram_evicts_fresh_puts_first_once_full_of_read_keys``).
+
+Reads promote SSD-side hits into DRAM (``promote_on_hit``) when DRAM holds no part of the page
+and no put is running (promotion is best effort and never waits). ``flush`` waits until the ring
+is drained; ``close`` drains it and stops the thread.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import queue
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from .client import UMBPClientLike
 from .ratelimit import RateLimitedLog
-from .staging import MemfdStaging, MoriShmStaging, Ring, Slot, StagingBuffer
+from .staging import SSD_STAGING_SLOTS, MemfdStaging, MoriShmStaging, StagingBuffer
+from .writeback import BatchCall, WriteBackRing
 
 __all__ = ["MemfdStaging", "MoriShmStaging", "StagingBuffer", "TierStats", "TieredClient"]
 
@@ -53,8 +59,6 @@ log = logging.getLogger(__name__)
 
 WritePolicy = Literal["write_back", "write_through"]
 WRITE_POLICIES: tuple[str, ...] = ("write_back", "write_through")
-SSD_STAGING_SLOTS = 16  # mori 1.2.4 SSD node: keys per batch (ssd_staging_buffer_slots default)
-BatchCall = Callable[[Sequence[str], Sequence[int], Sequence[int]], list[bool]]
 
 
 @dataclass
@@ -62,15 +66,17 @@ class TierStats:
     dram_hits: int = 0  # keys read from DRAM
     ring_hits: int = 0  # keys read from the write-back ring (not yet on SSD)
     ssd_hits: int = 0  # keys read from SSD
-    misses: int = 0  # keys in no tier
-    promotions: int = 0  # SSD hits copied into DRAM
-    ssd_direct_writes: int = 0  # keys written to SSD inside the put (write-through, ring full)
+    misses: int = 0  # keys of pages no side held whole
+    promotions: int = 0  # SSD-side hits copied into DRAM
+    ssd_direct_writes: int = 0  # keys written to SSD inside the put
     writeback_queued: int = 0
     writeback_waits: int = 0  # puts that waited for ring room
     writeback_wait_timeouts: int = 0  # ... and gave up, writing through instead
     writeback_done: int = 0  # keys the background thread wrote to SSD
     writeback_failed: int = 0  # queued keys SSD refused
     ssd_calls: int = 0
+    partial_pages_skipped: int = 0  # page writes a tier skipped: it held part of the page
+    ssd_too_large: int = 0  # keys larger than the SSD accepts (never queued)
 
 
 class TieredClient:
@@ -90,13 +96,16 @@ class TieredClient:
         log_interval_s: float = 30.0,
         staging: Callable[[int], StagingBuffer] = MemfdStaging,
         on_close: Callable[[], None] | None = None,
+        parts_per_page: int = 1,
+        ssd_max_value_bytes: int | None = None,
     ) -> None:
         if write_policy not in WRITE_POLICIES:
             raise ValueError(
                 f"write_policy={write_policy!r} is not allowed; allowed values: "
                 + ", ".join(WRITE_POLICIES)
             )
-        for name, value in (("queue_bytes", queue_bytes), ("queue_keys", queue_keys)):
+        for name, value in (("queue_bytes", queue_bytes), ("queue_keys", queue_keys),
+                            ("parts_per_page", parts_per_page)):
             if value < 1:
                 raise ValueError(f"{name}={value!r} must be >= 1")
         if ssd_max_batch_keys is not None and ssd_max_batch_keys < 1:
@@ -105,30 +114,31 @@ class TieredClient:
         self.ssd = ssd
         self.write_policy = write_policy
         self.promote_on_hit = promote_on_hit
+        self.parts_per_page = parts_per_page
         self._ssd_step = ssd_max_batch_keys
-        self._queue_keys = queue_keys
-        self._queue_wait_s = queue_wait_s
+        self._ssd_max_value = ssd_max_value_bytes
         self._on_close = on_close
         self._warn = RateLimitedLog(log, log_interval_s)
-        self._lock = threading.Lock()
-        self._room = threading.Condition(self._lock)  # signalled when the writer frees slots
+        self._lock = threading.Lock()  # counters
+        self._put_lock = threading.Lock()  # one put (or promotion) at a time: pages are atomic
         self._stats = TierStats()
         self._closed = False
-        self._inflight = 0  # puts holding ring slots not yet queued (close() waits for them)
-        self._staging: StagingBuffer | None = None
-        self._ring: Ring | None = None
-        self._pending: dict[str, Slot] = {}  # queued keys, readable until written
-        self._queue: queue.Queue[Slot | None] = queue.Queue()
-        self._writer: threading.Thread | None = None
+        self._ring: WriteBackRing | None = None
         if write_policy == "write_back":
-            self._staging = staging(queue_bytes)
-            self._ring = Ring(queue_bytes)
-            for client in (dram, ssd):
-                self._register_staging(client)
-            self._writer = threading.Thread(
-                target=self._write_back_loop, name="hicache-tier-writeback", daemon=True
+            self._ring = WriteBackRing(
+                lambda k, p, s: self._ssd_batches(self.ssd.batch_put_from_ptr, k, p, s),
+                queue_bytes=queue_bytes,
+                queue_keys=queue_keys,
+                queue_wait_s=queue_wait_s,
+                ssd_step=ssd_max_batch_keys or 64,
+                staging=staging,
+                register=(dram, ssd),
+                warn=self._warn,
             )
-            self._writer.start()
+
+    @property
+    def _writer(self) -> threading.Thread | None:
+        return self._ring._writer if self._ring is not None else None
 
     # ------------------------------------------------------------------ UMBPClientLike
 
@@ -138,32 +148,67 @@ class TieredClient:
         n = len(keys)
         if n == 0 or len(ptrs) != n or len(sizes) != n:
             return [False] * n
-        slots = self._reserve(keys, sizes) if self.write_policy == "write_back" else None
-        if slots is not None:
-            # Holding slots counts as in flight: close() keeps the staging ring mapped and the
-            # writer's leftovers drain pending until these slots are queued.
-            try:
-                staging = self._staging
-                assert staging is not None
-                for slot, src in zip(slots, ptrs, strict=True):
-                    ctypes.memmove(staging.ptr + slot.offset, src, slot.size)
-                self._checked("dram_put", self.dram.batch_put_from_ptr, keys, ptrs, sizes)
-                with self._lock:
-                    for slot in slots:
-                        self._pending[slot.key] = slot
-                    self._stats.writeback_queued += n
-                for slot in slots:
-                    self._queue.put(slot)
-            finally:
-                with self._room:
-                    self._inflight -= 1
-                    self._room.notify_all()
-            return [True] * n
-        stored = self._checked("dram_put", self.dram.batch_put_from_ptr, keys, ptrs, sizes)
-        ok = self._ssd_batches(self.ssd.batch_put_from_ptr, keys, ptrs, sizes)
-        with self._lock:
-            self._stats.ssd_direct_writes += sum(ok)
-        return [a or b for a, b in zip(stored, ok, strict=True)]
+        ppp = self._page_width(n)
+        with self._put_lock:
+            return self._put(keys, ptrs, sizes, ppp)
+
+    def _put(
+        self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int], ppp: int
+    ) -> list[bool]:
+        n = len(keys)
+        pages = range(n // ppp)
+        in_dram = self._pages(self._exists(self.dram, "dram", keys), ppp)
+        on_ssd = self._pages(self._ssd_side(keys), ppp)
+        stored = [d == "all" or s == "all" for d, s in zip(in_dram, on_ssd, strict=True)]
+        skipped = sum(d == "part" for d in in_dram) + sum(s == "part" for s in on_ssd)
+        # DRAM takes the pages it holds no part of.
+        to_dram = [p for p in pages if in_dram[p] == "none"]
+        dram_whole = [in_dram[p] == "all" for p in pages]
+        if to_dram:
+            idx = _keys_of(to_dram, ppp)
+            ok = self._checked("dram_put", self.dram.batch_put_from_ptr,
+                               *_select(idx, keys, ptrs, sizes))
+            for j, p in enumerate(to_dram):
+                dram_whole[p] = all(ok[j * ppp : (j + 1) * ppp])
+        # The SSD side takes the pages it holds no part of (and that fit its slots).
+        to_ssd = [p for p in pages if on_ssd[p] == "none" and self._fits(sizes, p, ppp)]
+        queued: list[int] = []
+        if self._ring is not None:  # write-back: only what DRAM holds; the rest synchronously
+            queued = self._queue([p for p in to_ssd if dram_whole[p]], keys, ptrs, sizes, ppp)
+        direct = [p for p in to_ssd if p not in set(queued)]
+        ssd_whole: dict[int, bool] = {p: True for p in queued}
+        if direct:
+            idx = _keys_of(direct, ppp)
+            ok = self._ssd_batches(self.ssd.batch_put_from_ptr, *_select(idx, keys, ptrs, sizes))
+            for j, p in enumerate(direct):
+                ssd_whole[p] = all(ok[j * ppp : (j + 1) * ppp])
+            with self._lock:
+                self._stats.ssd_direct_writes += sum(ok)
+        if skipped:
+            with self._lock:
+                self._stats.partial_pages_skipped += skipped
+        result = [stored[p] or dram_whole[p] or ssd_whole.get(p, False) for p in pages]
+        return [result[i // ppp] for i in range(n)]
+
+    def _queue(
+        self, pages: list[int], keys: Sequence[str], ptrs: Sequence[int],
+        sizes: Sequence[int], ppp: int,
+    ) -> list[int]:
+        """Copy ``pages`` into the ring and queue them; [] when the ring has no room."""
+        ring = self._ring
+        if not pages or ring is None:
+            return []
+        k, p, s = _select(_keys_of(pages, ppp), keys, ptrs, sizes)
+        slots = ring.reserve(k, s)
+        if slots is None:
+            return []
+        try:
+            ring.copy_in(slots, p)
+        except BaseException:
+            ring.cancel(slots)
+            raise
+        ring.commit(slots)
+        return pages
 
     def batch_get_into_ptr(
         self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int]
@@ -171,54 +216,75 @@ class TieredClient:
         n = len(keys)
         if n == 0 or len(ptrs) != n or len(sizes) != n:
             return [False] * n
-        found = self._checked("dram_get", self.dram.batch_get_into_ptr, keys, ptrs, sizes)
-        dram_hits = sum(found)
-        miss = [i for i in range(n) if not found[i]]
-        ring_hits = self._read_pending(miss, keys, ptrs, sizes, found) if miss else 0
-        miss = [i for i in miss if not found[i]]
-        ssd_hits = promoted = 0
-        if miss:
-            m_keys = [keys[i] for i in miss]
-            m_ptrs = [ptrs[i] for i in miss]
-            m_sizes = [sizes[i] for i in miss]
-            ok = self._ssd_batches(self.ssd.batch_get_into_ptr, m_keys, m_ptrs, m_sizes)
-            hit = [j for j in range(len(miss)) if ok[j]]
-            for j in hit:
-                found[miss[j]] = True
-            ssd_hits = len(hit)
-            if hit and self.promote_on_hit:
-                promoted = sum(
-                    self._checked(
-                        "dram_promote",
-                        self.dram.batch_put_from_ptr,
-                        [m_keys[j] for j in hit],
-                        [m_ptrs[j] for j in hit],
-                        [m_sizes[j] for j in hit],
-                    )
-                )
+        ppp = self._page_width(n)
+        got = self._checked("dram_get", self.dram.batch_get_into_ptr, keys, ptrs, sizes)
+        dram_pages = [all(got[p * ppp : (p + 1) * ppp]) for p in range(n // ppp)]
+        in_dram_part = [any(got[p * ppp : (p + 1) * ppp]) for p in range(n // ppp)]
+        found = [dram_pages[i // ppp] for i in range(n)]
+        miss = [i for i in range(n) if not found[i]]  # every part of a page DRAM lacks
+        ring_hits = ssd_hits = 0
+        side = [False] * n
+        if miss and self._ring is not None:
+            ring_hits = self._ring.read_pending(miss, keys, ptrs, sizes, side)
+        rest = [i for i in miss if not side[i]]
+        if rest:
+            ok = self._ssd_batches(self.ssd.batch_get_into_ptr, *_select(rest, keys, ptrs, sizes))
+            for j, i in enumerate(rest):
+                side[i] = ok[j]
+            ssd_hits = sum(ok)
+        side_pages = [p for p in range(n // ppp)
+                      if not dram_pages[p] and all(side[p * ppp : (p + 1) * ppp])]
+        for p in side_pages:
+            found[p * ppp : (p + 1) * ppp] = [True] * ppp
+        promoted = 0
+        if side_pages and self.promote_on_hit:
+            promoted = self._promote(
+                [p for p in side_pages if not in_dram_part[p]], keys, ptrs, sizes, ppp
+            )
         with self._lock:
             s = self._stats
-            s.dram_hits += dram_hits
+            s.dram_hits += sum(dram_pages) * ppp
             s.ring_hits += ring_hits
             s.ssd_hits += ssd_hits
-            s.misses += n - dram_hits - ring_hits - ssd_hits
+            s.misses += n - sum(found)
             s.promotions += promoted
         return found
 
+    def _promote(
+        self, pages: list[int], keys: Sequence[str], ptrs: Sequence[int],
+        sizes: Sequence[int], ppp: int,
+    ) -> int:
+        """Copy SSD-side hits into DRAM when DRAM holds no part of them; never waits for a
+        put (best effort)."""
+        if not pages or not self._put_lock.acquire(blocking=False):
+            return 0
+        try:
+            k, p, s = _select(_keys_of(pages, ppp), keys, ptrs, sizes)
+            present = self._exists(self.dram, "dram", k)
+            keep = [j for j in range(len(pages)) if not any(present[j * ppp : (j + 1) * ppp])]
+            if not keep:
+                return 0
+            idx = _keys_of(keep, ppp)
+            return sum(self._checked("dram_promote", self.dram.batch_put_from_ptr,
+                                     *_select(idx, k, p, s)))
+        finally:
+            self._put_lock.release()
+
     def batch_exists(self, keys: Sequence[str]) -> list[bool]:
-        if not keys:
+        """A key is present when its whole page is in DRAM or on the SSD side."""
+        n = len(keys)
+        if not n:
             return []
-        present = self._exists(self.dram, "dram", keys)
-        with self._lock:
-            for i, key in enumerate(keys):
-                if not present[i] and key in self._pending:
-                    present[i] = True
-        miss = [i for i in range(len(keys)) if not present[i]]
-        if miss:
-            on_ssd = self._exists(self.ssd, "ssd", [keys[i] for i in miss])
-            for j, i in enumerate(miss):
-                present[i] = on_ssd[j]
-        return present
+        ppp = self._page_width(n)
+        in_dram = self._pages(self._exists(self.dram, "dram", keys), ppp)
+        need = [i for i in range(n) if in_dram[i // ppp] != "all"]
+        side = [True] * n
+        if need:
+            got = self._ssd_side([keys[i] for i in need])
+            for j, i in enumerate(need):
+                side[i] = got[j]
+        on_ssd = self._pages(side, ppp)
+        return [in_dram[i // ppp] == "all" or on_ssd[i // ppp] == "all" for i in range(n)]
 
     def batch_exists_consecutive(self, keys: Sequence[str]) -> int:
         count = 0
@@ -241,8 +307,8 @@ class TieredClient:
 
     def flush(self) -> bool:
         """Wait until every queued key was written to SSD, then flush both tiers."""
-        if self._writer is not None and self._writer.is_alive():
-            self._queue.join()
+        if self._ring is not None:
+            self._ring.flush()
         d = self.dram.flush()
         s = self.ssd.flush()
         return d is True and s is True
@@ -251,187 +317,65 @@ class TieredClient:
 
     def tier_stats(self) -> TierStats:
         with self._lock:
-            return replace(self._stats)
+            out = TierStats(**vars(self._stats))
+        if self._ring is not None:
+            wb = self._ring.snapshot()
+            out.writeback_queued, out.writeback_waits = wb.queued, wb.waits
+            out.writeback_wait_timeouts, out.writeback_done = wb.wait_timeouts, wb.done
+            out.writeback_failed = wb.failed
+        return out
 
     def close(self) -> None:
-        """Drain the ring, stop the thread, free the staging buffer; idempotent."""
-        with self._room:
+        """Drain the ring, stop the thread, free the staging buffer; idempotent. Later puts
+        write through."""
+        with self._lock:
             if self._closed:
                 return
-            self._closed = True  # later puts write through
-            self._room.notify_all()
-            # Puts that reserved ring slots before this point queue them before we drain.
-            self._room.wait_for(lambda: self._inflight == 0)
-        if self._writer is not None:
-            self._queue.put(None)
-            self._writer.join()
-            # A put that reserved slots before close() may have queued them behind the stop.
-            self._drain_leftovers()
-        with self._lock:  # a concurrent ring read (_read_pending) sees None, never a freed ring
-            staging, self._staging = self._staging, None
-        if staging is not None:
-            for client in (self.dram, self.ssd):
-                try:
-                    client.deregister_memory(staging.ptr)
-                except Exception as e:
-                    self._warn.warn("staging_deregister", "deregister_memory raised %r", e)
-            staging.close()
+            self._closed = True
+        if self._ring is not None:
+            self._ring.close()
         if self._on_close is not None:
             self._on_close()
 
-    # ------------------------------------------------------------------ write-back
-
-    def _reserve(self, keys: Sequence[str], sizes: Sequence[int]) -> list[Slot] | None:
-        """Ring slots for a batch, waiting up to ``queue_wait_s``; None: write through."""
-        ring = self._ring
-        assert ring is not None
-        n = len(keys)
-        if n > self._queue_keys or sum(int(s) for s in sizes) > ring.size:
-            return None
-
-        def take() -> list[Slot] | None:
-            if len(ring.slots) + n > self._queue_keys:
-                return None
-            got: list[Slot] = []
-            for key, size in zip(keys, sizes, strict=True):
-                slot = ring.alloc(key, int(size))
-                if slot is None:
-                    ring.undo(len(got))
-                    return None
-                got.append(slot)
-            return got
-
-        with self._room:
-            if self._closed:
-                return None
-            slots = take()
-            if slots is not None:
-                self._inflight += 1
-                return slots
-            self._stats.writeback_waits += 1
-            taken: list[list[Slot]] = []
-
-            def ready() -> bool:
-                if self._closed:
-                    return True
-                got = take()
-                if got is not None:
-                    taken.append(got)
-                return got is not None
-
-            self._room.wait_for(ready, self._queue_wait_s)
-            if taken:
-                self._inflight += 1
-                return taken[0]
-            if not self._closed:
-                self._stats.writeback_wait_timeouts += 1
-            return None
-
-    def _write_back_loop(self) -> None:
-        step = self._ssd_step or 64
-        stop = False
-        while not stop:
-            first = self._queue.get()
-            batch: list[Slot] = []
-            taken = 1
-            if first is None:
-                stop = True
-            else:
-                batch.append(first)
-            while not stop and len(batch) < step:
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                taken += 1
-                if nxt is None:
-                    stop = True
-                else:
-                    batch.append(nxt)
-            try:
-                if batch:
-                    self._write_back(batch)
-            except Exception as e:  # the thread must outlive any one failure
-                self._warn.warn("writeback_exception", "write-back of %d keys raised %r",
-                                len(batch), e)
-            finally:
-                for _ in range(taken):
-                    self._queue.task_done()
-
-    def _write_back(self, batch: list[Slot]) -> None:
-        assert self._staging is not None
-        base = self._staging.ptr
-        ok = [False] * len(batch)
-        try:
-            ok = self._ssd_batches(
-                self.ssd.batch_put_from_ptr,
-                [s.key for s in batch],
-                [base + s.offset for s in batch],
-                [s.size for s in batch],
-            )
-        finally:
-            written = sum(ok)
-            with self._room:
-                for slot in batch:
-                    if self._pending.get(slot.key) is slot:
-                        del self._pending[slot.key]
-                    assert self._ring is not None
-                    self._ring.release(slot)
-                self._stats.writeback_done += written
-                self._stats.writeback_failed += len(batch) - written
-                self._room.notify_all()
-        if written != len(batch):
-            self._warn.warn("writeback_failed", "SSD refused %d of %d write-back keys",
-                            len(batch) - written, len(batch))
-
-    def _drain_leftovers(self) -> None:
-        leftover: list[Slot] = []
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            self._queue.task_done()
-            if item is not None:
-                leftover.append(item)
-        step = self._ssd_step or 64
-        for start in range(0, len(leftover), step):
-            self._write_back(leftover[start : start + step])
-
-    def _read_pending(
-        self,
-        idx: list[int],
-        keys: Sequence[str],
-        ptrs: Sequence[int],
-        sizes: Sequence[int],
-        found: list[bool],
-    ) -> int:
-        """Serve DRAM misses that are still in the ring (copied under the lock: the writer
-        cannot release a slot while it is read)."""
-        hits = 0
-        with self._lock:
-            if not self._pending or self._staging is None:
-                return 0
-            base = self._staging.ptr
-            for i in idx:
-                slot = self._pending.get(keys[i])
-                if slot is not None and slot.size == int(sizes[i]):
-                    ctypes.memmove(ptrs[i], base + slot.offset, slot.size)
-                    found[i] = True
-                    hits += 1
-        return hits
-
-    def _register_staging(self, client: UMBPClientLike) -> None:
-        assert self._staging is not None
-        try:
-            ok: Any = client.register_memory(self._staging.ptr, self._staging.size)
-        except Exception as e:
-            ok = e
-        if ok is not True:
-            self._warn.warn("staging_register", "register_memory of the %d B staging ring "
-                            "returned %r", self._staging.size, ok)
-
     # ------------------------------------------------------------------ helpers
+
+    def _page_width(self, n: int) -> int:
+        if n % self.parts_per_page == 0:
+            return self.parts_per_page
+        self._warn.warn("not_whole_pages", "%d keys are not whole pages of %d parts; handled "
+                        "key by key", n, self.parts_per_page)
+        return 1
+
+    @staticmethod
+    def _pages(present: list[bool], ppp: int) -> list[str]:
+        """Per page: "all", "none" or "part" of its keys present."""
+        out = []
+        for p in range(len(present) // ppp):
+            got = sum(present[p * ppp : (p + 1) * ppp])
+            out.append("all" if got == ppp else "none" if got == 0 else "part")
+        return out
+
+    def _ssd_side(self, keys: Sequence[str]) -> list[bool]:
+        """Pending in the ring, or on SSD."""
+        present = self._ring.pending(keys) if self._ring is not None else [False] * len(keys)
+        ask = [i for i in range(len(keys)) if not present[i]]
+        if ask:
+            got = self._exists(self.ssd, "ssd", [keys[i] for i in ask])
+            for j, i in enumerate(ask):
+                present[i] = got[j]
+        return present
+
+    def _fits(self, sizes: Sequence[int], page: int, ppp: int) -> bool:
+        limit = self._ssd_max_value
+        if limit is None:
+            return True
+        big = sum(int(s) > limit for s in sizes[page * ppp : (page + 1) * ppp])
+        if big:
+            with self._lock:
+                self._stats.ssd_too_large += big
+            self._warn.warn("ssd_too_large", "a page part is larger than the SSD tier's %d-byte "
+                            "staging slot; kept in DRAM only", limit)
+        return not big
 
     def _ssd_batches(
         self, call: BatchCall, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int]
@@ -448,11 +392,7 @@ class TieredClient:
         return out
 
     def _checked(
-        self,
-        what: str,
-        call: BatchCall,
-        keys: Sequence[str],
-        ptrs: Sequence[int],
+        self, what: str, call: BatchCall, keys: Sequence[str], ptrs: Sequence[int],
         sizes: Sequence[int],
     ) -> list[bool]:
         n = len(keys)
@@ -476,3 +416,13 @@ class TieredClient:
             self._warn.warn(f"{what}_exists_bad_result", "batch_exists returned %r", got)
             return [False] * len(keys)
         return [r is True for r in got]
+
+
+def _keys_of(pages: Sequence[int], ppp: int) -> list[int]:
+    return [p * ppp + j for p in pages for j in range(ppp)]
+
+
+def _select(
+    idx: Sequence[int], keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int]
+) -> tuple[list[str], list[int], list[int]]:
+    return [keys[i] for i in idx], [ptrs[i] for i in idx], [sizes[i] for i in idx]

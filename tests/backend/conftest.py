@@ -2,7 +2,8 @@
 
 ``standalone_servers``: starts real ``umbp_standalone_server`` processes (mori venv only), each
 under the loader prefix from ``$MORI_CPU_LOADER`` (set by scripts/mori-python), waits for its
-socket, and always kills every one it started, by PID, at teardown -- also when the test fails.
+socket, kills (SIGKILL) and restarts them on demand like a crashed sidecar container, and always
+kills every process it started, by PID, at teardown -- also when the test fails.
 """
 
 from __future__ import annotations
@@ -11,11 +12,15 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from support.hugepages import HugepageReservation
 
 SERVER_START_TIMEOUT_S = 60.0
 
@@ -26,6 +31,8 @@ class StandaloneServer:
     socket_path: str
     log_path: Path
     process: subprocess.Popen[bytes]
+    cmd: list[str]
+    env: dict[str, str]
 
     def log(self) -> str:
         try:
@@ -51,6 +58,7 @@ class StandaloneServers:
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.started: list[StandaloneServer] = []
+        self._processes: list[subprocess.Popen[bytes]] = []
 
     def start(self, medium: str, umbp_env: dict[str, str], name: str = "") -> StandaloneServer:
         from hicache_umbp.client import mori_loader_prefix, standalone_server_binary
@@ -61,27 +69,87 @@ class StandaloneServers:
         env = {k: v for k, v in os.environ.items() if not k.startswith("UMBP_")}
         env.update(umbp_env)
         cmd = [*mori_loader_prefix(), standalone_server_binary(), f"unix:{sock}"]
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
+        server = StandaloneServer(medium, sock, log_path, self._spawn(cmd, env, log_path),
+                                  cmd, env)
+        self.started.append(server)
+        self._wait_listening(server, None)
+        return server
+
+    def kill(self, server: StandaloneServer) -> None:
+        """SIGKILL the server's own PID (a crashed sidecar): its socket file stays behind."""
+        os.kill(server.process.pid, signal.SIGKILL)
+        server.process.wait(timeout=10)
+
+    def restart(self, server: StandaloneServer) -> float:
+        """Start the server again on the same socket with the same env (as Kubernetes restarts
+        a crashed sidecar container); returns the seconds until the new process listens (its
+        socket file replaced the stale one)."""
+        from hicache_umbp.client_guards import socket_identity
+
+        if server.process.poll() is None:
+            self.kill(server)
+        before = socket_identity(server.socket_path)
+        start = time.monotonic()
+        server.process = self._spawn(server.cmd, server.env, server.log_path)
+        self._processes.append(server.process)
+        self._wait_listening(server, before)
+        return time.monotonic() - start
+
+    @staticmethod
+    def _spawn(cmd: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+        with open(log_path, "ab") as log:
+            return subprocess.Popen(
                 cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
-        server = StandaloneServer(medium, sock, log_path, proc)
-        self.started.append(server)
+
+    @staticmethod
+    def _wait_listening(server: StandaloneServer, stale: object) -> None:
+        from hicache_umbp.client_guards import socket_identity
+
         deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while not os.path.exists(sock):
+        while socket_identity(server.socket_path) in (None, stale):
+            proc = server.process
             if proc.poll() is not None:
                 raise RuntimeError(
-                    f"umbp_standalone_server ({medium}) exited with {proc.returncode}:\n"
-                    f"{server.log()}"
+                    f"umbp_standalone_server ({server.medium}) exited with "
+                    f"{proc.returncode}:\n{server.log()}"
                 )
             if time.monotonic() > deadline:
-                raise RuntimeError(f"umbp_standalone_server socket {sock} did not appear")
+                raise RuntimeError(f"umbp_standalone_server socket {server.socket_path} did "
+                                   "not appear")
             time.sleep(0.02)
-        return server
 
     def stop_all(self) -> None:
         for server in self.started:
             server.stop()
+        for proc in self._processes:  # earlier processes of restarted servers
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+@pytest.fixture
+def hugepages_2m() -> Iterator[Callable[[int], HugepageReservation]]:
+    """Reserve ``n`` 2 MiB hugepages for this test (root; skipped with the machine's reason when
+    it refuses); every reservation is given back at teardown, also when the test fails."""
+    from support.hugepages import HugepageReservation, HugepagesRefused
+
+    held: list[HugepageReservation] = []
+
+    def reserve(n: int) -> HugepageReservation:
+        r = HugepageReservation(n)
+        try:
+            r.__enter__()
+        except HugepagesRefused as e:
+            pytest.skip(f"hugepages unavailable here: {e}")
+        held.append(r)
+        return r
+
+    try:
+        yield reserve
+    finally:
+        for r in reversed(held):
+            r.__exit__(None, None, None)
 
 
 @pytest.fixture

@@ -73,20 +73,20 @@ def publish_scheduler(
     rc.publish(args, role="scheduler", ranks=rc.SpawnRanks(world_rank=0))
 
 
-def mha_device_pool() -> Any:
+def mha_device_pool(dtype: torch.dtype = torch.bfloat16, page: int = PAGE) -> Any:
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
     return MHATokenToKVPool(
-        size=DEVICE_TOKENS, page_size=PAGE, dtype=torch.bfloat16, head_num=MHA_HEADS,
+        size=DEVICE_TOKENS, page_size=page, dtype=dtype, head_num=MHA_HEADS,
         head_dim=HEAD_DIM, layer_num=LAYERS, device="cpu", enable_memory_saver=False,
     )
 
 
-def mla_device_pool() -> Any:
+def mla_device_pool(dtype: torch.dtype = torch.bfloat16, page: int = PAGE) -> Any:
     from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
 
     return MLATokenToKVPool(
-        size=DEVICE_TOKENS, page_size=PAGE, dtype=torch.bfloat16, kv_lora_rank=MLA_LORA,
+        size=DEVICE_TOKENS, page_size=page, dtype=dtype, kv_lora_rank=MLA_LORA,
         qk_rope_head_dim=MLA_ROPE, layer_num=LAYERS, device="cpu", enable_memory_saver=False,
     )
 
@@ -97,14 +97,15 @@ def host_pool(
     allocator_type: str = "default",
     ratio: float = 4.0,
 ) -> Any:
-    """The real host pool SGLang builds for the device pool (same constructor arguments)."""
+    """The real host pool SGLang builds for the device pool (same constructor arguments; the
+    page size is the device pool's)."""
     from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
     from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
     from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 
     info = device_pool.get_device_pool_infos()[0].buffer_info
     common = dict(
-        host_to_device_ratio=ratio, host_size=0, page_size=PAGE, layout=layout,
+        host_to_device_ratio=ratio, host_size=0, page_size=device_pool.page_size, layout=layout,
         pin_memory=False, device="cpu", allocator_type=allocator_type,
         device_capacity_tokens=DEVICE_TOKENS, start_layer=0, end_layer=LAYERS - 1,
     )

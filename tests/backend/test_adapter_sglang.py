@@ -4,7 +4,7 @@ Real: SGLang's StorageBackendFactory, HiCacheStorageConfig, device and host KV p
 (MHATokenToKVPoolHost page_first / page_first_direct / page_head, MLATokenToKVPoolHost) on CPU,
 their get_page_buffer_meta pointer math, the launcher's extra-config rendering, our config
 parsing, key scheme and store. Faked: the UMBP client is the in-process double
-(hicache_umbp.memory_client), because mori has no wheel for this Python 3.11 venv; the ``mori``
+(support.memory_client), because mori has no wheel for this Python 3.11 venv; the ``mori``
 tier runs the same client contract against the real mori.
 """
 
@@ -19,7 +19,6 @@ import torch
 from hicache_umbp.config import ConfigError, load_launch_config
 from hicache_umbp.keys import parse_key
 from hicache_umbp.launch.command import store_extra_config
-from hicache_umbp.memory_client import MemoryUMBPClient
 from hicache_umbp.sglang_adapter import (
     CLASS_NAME,
     MODULE_PATH,
@@ -27,6 +26,7 @@ from hicache_umbp.sglang_adapter import (
     dynamic_extra_config,
     use_client_opener,
 )
+from support.memory_client import MemoryUMBPClient
 
 from . import sglang_env as E
 
@@ -55,13 +55,16 @@ def base_extra(**settings: Any) -> dict[str, Any]:
 
 def make_backend(
     kind: str = "mha", layout: str = "page_first", client: MemoryUMBPClient | None = None,
-    extra: dict[str, Any] | None = None, **over: Any,
+    extra: dict[str, Any] | None = None, dtype: torch.dtype = torch.bfloat16, page: int = E.PAGE,
+    format_tag: str | None = None, **over: Any,
 ) -> tuple[UMBPHiCacheStorage, Any, MemoryUMBPClient]:
     from sglang.srt.mem_cache.storage import StorageBackendFactory
 
     client = client or MemoryUMBPClient(64 * MIB)
-    dev = E.mla_device_pool() if kind == "mla" else E.mha_device_pool()
-    host = E.host_pool(dev, layout=layout)
+    make_dev = E.mla_device_pool if kind == "mla" else E.mha_device_pool
+    host = E.host_pool(make_dev(dtype=dtype, page=page), layout=layout)
+    if format_tag is not None:  # SGLang's unified pool sets it as a class attribute
+        host.storage_format_tag = format_tag
     cfg = storage_config(extra or base_extra(), mla=kind == "mla", **over)
     with use_client_opener(lambda rank_config: client):
         backend = StorageBackendFactory.create_backend("dynamic", cfg, host)
@@ -177,7 +180,7 @@ def test_split_heads_writes_the_head_groups_of_the_lcm_layout() -> None:
     keys = hashes(n, seed=4)
     assert backend.batch_set_v1(keys, idx) == [True] * n
     stored = client.keys()
-    fields = {parse_key(k)[2:5] for k in stored}
+    fields = {(f.tp_size, f.rank, f.part) for f in map(parse_key, stored)}
     assert fields == {(4, r, p) for r in (2, 3) for p in ("k", "v")}
     E.wipe(host)
     assert backend.batch_exists(keys) == n
@@ -190,7 +193,8 @@ def test_keys_carry_model_and_tp_layout_and_mla_is_shared_across_ranks() -> None
     idx = host.alloc(E.PAGE)
     mha.batch_set_v1(hashes(1), idx)
     stored = client.keys()
-    assert {parse_key(k)[:5] for k in stored} == {
+    assert {(f.namespace, f.model_id, f.tp_size, f.rank, f.part)
+            for f in map(parse_key, stored)} == {
         ("ns/app", E.MODEL_NAME, 2, 1, "k"), ("ns/app", E.MODEL_NAME, 2, 1, "v")
     }
     shared = MemoryUMBPClient(64 * MIB)

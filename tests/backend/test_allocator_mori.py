@@ -78,3 +78,38 @@ def test_standalone_server_needs_shared_buffers(standalone_servers: StandaloneSe
         client.register_memory(private.ptr, private.size)
     client.deregister_memory(shared.ptr)
     opened.close()
+
+
+# ----------------------------------------------------------------------------- issue 11, item 6a
+
+
+@pytest.mark.parametrize(("shared", "backing"), [(False, "AnonymousHugetlb"),
+                                                 (True, "AnonymousShmHugetlb")])
+def test_mori_hugepage_buffers_are_really_backed_and_prefaulted_in_parallel(
+    hugepages_2m, shared: bool, backing: str  # type: ignore[no-untyped-def]
+) -> None:
+    """Real hugepages reserved for the test (the fixture gives them back), real mori allocator:
+    64 MiB with hugetlb backing on NUMA node 0, prefaulted by 2 threads. mori reports the
+    hugetlb backing, the kernel 2 MiB pages on node 0, every page taken from the pool."""
+    pool = hugepages_2m(64)
+    free_before = pool.free()
+    alloc = HostAllocator(hugepage_bytes=2 * MIB, shared=shared, numa_node=0, prefault=False,
+                          allow_demotion=False)
+    buf = alloc.alloc(64 * MIB)
+    try:
+        assert buf.backing.mori_backing == backing and not buf.demoted
+        assert mapping_info(buf.ptr)["KernelPageSize"] == 2 * MIB
+        assert buf.prefault(2) == 2
+        assert free_before - pool.free() == buf.mapped_size // (2 * MIB)
+        with open("/proc/self/numa_maps") as f:
+            line = next(ln for ln in f if int(ln.split()[0], 16) == buf.ptr)
+        assert "huge" in line and f"N0={buf.mapped_size // (2 * MIB)}" in line
+        if not shared:  # private buffers stay out of fork() (allocator._dont_fork)
+            with open("/proc/self/smaps") as f:
+                text = f.read()
+            block = text[text.index(f"{buf.ptr:x}-"):]
+            flags = next(ln for ln in block.splitlines() if ln.startswith("VmFlags:"))
+            assert " dc" in flags
+    finally:
+        buf.free()
+    assert pool.free() == free_before

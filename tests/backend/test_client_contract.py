@@ -2,7 +2,7 @@
 
 Real: the contract checks (tests/backend/contract.py, also run against real mori in
 test_client_contract_mori.py), memfd buffers and ctypes copies. Faked: the client itself --
-:class:`hicache_umbp.memory_client.MemoryUMBPClient` stands in for mori here.
+:class:`support.memory_client.MemoryUMBPClient` stands in for mori here.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 from hicache_umbp.client import SSD_STAGING_SLOTS, OpenedClient, UMBPClientLike
-from hicache_umbp.memory_client import InjectedFault, MemoryUMBPClient
+from support.memory_client import InjectedFault, MemoryUMBPClient
 
 from .contract import CHECKS, Arena, Subject
 

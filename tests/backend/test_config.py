@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from hicache_umbp.config import (
     BY_KEY,
+    MAX_BYTES,
     SETTINGS,
     STORE_KEYS,
     ConfigError,
@@ -185,7 +186,7 @@ def embedded_configs(draw: st.DrawFn) -> tuple[int, dict[str, Any]]:
     chosen = draw(st.lists(st.sampled_from(EMBEDDED_STORE), unique=True, max_size=12))
     values: dict[str, Any] = {s.key: draw(valid_value(s, ranks)) for s in chosen}
     values["umbp_local_ranks"] = ranks
-    values["umbp_dram_bytes"] = draw(st.lists(st.integers(1, BIG), min_size=ranks,
+    values["umbp_dram_bytes"] = draw(st.lists(st.integers(1, MAX_BYTES), min_size=ranks,
                                               max_size=ranks).map(tuple))
     return ranks, values
 
@@ -263,3 +264,53 @@ def test_a_size_without_digits_is_not_claimed_to_parse() -> None:
     """std::stoull throws on 'abc' (no leading digits); the message must not say '0 bytes'."""
     with pytest.raises(ConfigError, match=r"HICACHE_UMBP_DRAM_BYTES='abc'.*cannot parse 'abc'"):
         load_store_config(env={"HICACHE_UMBP_DRAM_BYTES": "abc"})
+
+
+# ----------------------------------------------------------------------------- issue 11, item 6e/6i
+
+
+@pytest.mark.parametrize("raw", [float("inf"), float("-inf"), float("nan"), "Infinity", "NaN",
+                                 "inf", "1e999"])
+def test_non_finite_numbers_are_rejected_naming_the_key(raw: Any) -> None:
+    """``json.loads`` turns the literals ``Infinity``/``NaN`` into floats; they used to pass and
+    fail later (``umbp_standalone_wait_s=Infinity`` -> OverflowError)."""
+    with pytest.raises(ConfigError, match=r"umbp_standalone_wait_s.*finite"):
+        load_store_config({"umbp_mode": "standalone", "umbp_standalone_wait_s": raw}, env={})
+
+
+def test_json_infinity_from_sglangs_extra_config_is_rejected() -> None:
+    import json
+
+    extra = json.loads('{"umbp_log_interval_s": Infinity}')
+    with pytest.raises(ConfigError, match="umbp_log_interval_s"):
+        load_store_config(extra, env={})
+
+
+@pytest.mark.parametrize("s", [s for s in SETTINGS if s.kind in ("bytes", "rank_bytes")],
+                         ids=lambda s: s.key)
+def test_byte_sizes_have_an_upper_bound_naming_the_key(s: Setting) -> None:
+    """2**70 used to pass and fail inside mori without naming the key."""
+    with pytest.raises(ValueError, match=rf"{s.key}.*above the maximum"):
+        parse_value(s, s.key, 2**70, 1)
+    assert parse_value(s, s.key, str(2**40), 1) in (2**40, (2**40,))
+
+
+def test_numa_nodes_have_an_upper_bound() -> None:
+    with pytest.raises(ConfigError, match=r"host_numa.*above the maximum"):
+        load_store_config({"host_numa": 2**40, "umbp_dram_bytes": 1 << 30}, env={})
+
+
+def test_an_invalid_env_value_is_reported_even_when_extra_config_sets_the_key() -> None:
+    env = {"HICACHE_UMBP_DRAM_BYTES": "10Gi"}
+    with pytest.raises(ConfigError) as err:
+        load_store_config({"umbp_dram_bytes": 1 << 30}, env=env)
+    assert "HICACHE_UMBP_DRAM_BYTES" in str(err.value) and "10Gi" in str(err.value)
+    assert "extra-config" in str(err.value)  # says which source won
+    # a valid env value under an extra-config key stays silent
+    cfg = load_store_config({"umbp_dram_bytes": 1 << 30}, env={"HICACHE_UMBP_DRAM_BYTES": "5"})
+    assert cfg.umbp_dram_bytes == (1 << 30,)
+
+
+def test_sglangs_extra_backend_tag_is_accepted() -> None:
+    cfg = load_store_config({"umbp_dram_bytes": 1 << 30, "extra_backend_tag": "blue"}, env={})
+    assert cfg.umbp_dram_bytes == (1 << 30,)

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hicache_umbp.memory_client import MemoryUMBPClient
 from hicache_umbp.sglang_adapter import UMBPHiCacheStorage, dynamic_extra_config, use_client_opener
+from support.memory_client import MemoryUMBPClient
 
 from . import sglang_env as E
 

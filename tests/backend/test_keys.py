@@ -1,15 +1,26 @@
-"""The page key scheme: namespaced, injective, page-major. Everything here is real (no doubles)."""
+"""The page key scheme (v2): namespaced, versioned, injective, page-major, and carrying every
+field that changes a page's bytes. Everything here is real (no doubles)."""
 
 from __future__ import annotations
 
 import pytest
-from hicache_umbp.keys import MHA_PARTS, MLA_PARTS, KeyScheme, parse_key
+from hicache_umbp.keys import (
+    MHA_PARTS,
+    MLA_PARTS,
+    SCHEME,
+    SCHEME_VERSION,
+    KeyScheme,
+    PageFormat,
+    parse_key,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 
 # Any text mori can carry (UTF-8 encodable: no lone surrogates), slashes and percents included.
 text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=20)
 part_names = st.lists(text.filter(bool), min_size=1, max_size=3, unique=True).map(tuple)
+formats = st.builds(PageFormat, layout=text, kv_dtype=text, page_tokens=st.integers(0, 4096),
+                    format_tag=text)
 schemes = st.builds(
     KeyScheme,
     namespace=text,
@@ -17,12 +28,14 @@ schemes = st.builds(
     tp_size=st.integers(1, 64),
     rank=st.integers(0, 511),
     parts=part_names,
+    page_format=formats,
+    backend_tag=text,
 )
 hashes = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=70)
 
 
-def _fields(s: KeyScheme) -> tuple[str, str, int, int]:
-    return (s.namespace, s.model_id, s.tp_size, s.rank)
+def _fields(s: KeyScheme) -> tuple[object, ...]:
+    return (s.namespace, s.backend_tag, s.model_id, s.page_format, s.tp_size, s.rank)
 
 
 @given(a=schemes, b=schemes, ha=hashes, hb=hashes)
@@ -38,7 +51,11 @@ def test_keys_collide_only_when_every_field_is_equal(
 @given(s=schemes, h=hashes)
 def test_key_parses_back_to_its_fields(s: KeyScheme, h: str) -> None:
     for part, key in zip(s.parts, s.page_keys(h), strict=False):
-        assert parse_key(key) == (s.namespace, s.model_id, s.tp_size, s.rank, part, h)
+        f = parse_key(key)
+        assert (f.namespace, f.backend_tag, f.model_id, f.page_format, f.tp_size, f.rank) == (
+            _fields(s)
+        )
+        assert (f.part, f.page_hash) == (part, h)
 
 
 @given(s=schemes, hs=st.lists(hashes, max_size=8))
@@ -55,12 +72,33 @@ def test_namespaces_with_slashes_do_not_collide() -> None:
     assert one.page_keys("h") != two.page_keys("h")
 
 
-def test_key_shape_is_documented_one() -> None:
-    s = KeyScheme("prod/deepseek", "deepseek-ai/DeepSeek-R1", 8, 3, MHA_PARTS)
-    assert s.page_keys("ab" * 32) == [
-        "hicache/v1/prod%2Fdeepseek/deepseek-ai%2FDeepSeek-R1/tp8/r3/k/" + "ab" * 32,
-        "hicache/v1/prod%2Fdeepseek/deepseek-ai%2FDeepSeek-R1/tp8/r3/v/" + "ab" * 32,
-    ]
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"page_format": PageFormat("page_first_direct", "bfloat16", 64)},
+        {"page_format": PageFormat("page_first", "float16", 64)},
+        {"page_format": PageFormat("page_first", "uint8:fp8_e5m2", 64)},
+        {"page_format": PageFormat("page_first", "bfloat16", 128)},
+        {"page_format": PageFormat("page_first", "bfloat16", 64, "unified-token-major")},
+        {"backend_tag": "blue"},
+    ],
+    ids=["layout", "dtype", "fp8-variant", "page-size", "format-tag", "backend-tag"],
+)
+def test_each_page_format_field_separates_keys(change: dict[str, object]) -> None:
+    base = dict(namespace="ns", model_id="m", tp_size=8, rank=0, parts=MHA_PARTS,
+                page_format=PageFormat("page_first", "bfloat16", 64))
+    one = KeyScheme(**base)  # type: ignore[arg-type]
+    two = KeyScheme(**{**base, **change})  # type: ignore[arg-type]
+    assert set(one.page_keys("h")).isdisjoint(two.page_keys("h"))
+
+
+def test_key_shape_is_the_documented_one() -> None:
+    fmt = PageFormat("page_first", "bfloat16", 64, "unified-token-major")
+    s = KeyScheme("prod/deepseek", "deepseek-ai/DeepSeek-R1", 8, 3, MHA_PARTS, fmt, "blue")
+    head = ("hicache/v2/prod%2Fdeepseek/blue/deepseek-ai%2FDeepSeek-R1/unified-token-major/"
+            "page_first/bfloat16/p64/tp8/r3")
+    assert s.page_keys("ab" * 32) == [f"{head}/k/{'ab' * 32}", f"{head}/v/{'ab' * 32}"]
+    assert f"hicache/v{SCHEME_VERSION}" == SCHEME and SCHEME_VERSION == 2
 
 
 @pytest.mark.parametrize(
@@ -71,6 +109,7 @@ def test_key_shape_is_documented_one() -> None:
         ({"parts": ()}, "parts must name"),
         ({"parts": ("k", "k")}, "distinct"),
         ({"parts": ("k", "")}, "distinct"),
+        ({"page_format": "page_first"}, "page_format="),
     ],
 )
 def test_bad_scheme_is_refused_naming_the_field(kwargs: dict[str, object], message: str) -> None:
@@ -80,7 +119,21 @@ def test_bad_scheme_is_refused_naming_the_field(kwargs: dict[str, object], messa
         KeyScheme(**args)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("key", ["plain", "hicache/v1/a/b/tp1/r0/k", "hicache/v2/a/b/tp1/r0/k/h"])
+def test_bad_page_format_is_refused() -> None:
+    with pytest.raises(ValueError, match="page_tokens=-1"):
+        PageFormat("page_first", "bfloat16", -1)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "plain",
+        "hicache/v1/a/b/tp1/r0/k/h",  # a v1 key: never read by v2
+        "hicache/v2/a//m//page_first/bf16/p64/tp1/r0/k",  # no hash
+        "hicache/v2/a//m//page_first/bf16/x64/tp1/r0/k/h",  # bad page field
+        "hicache/v3/a//m//page_first/bf16/p64/tp1/r0/k/h",
+    ],
+)
 def test_parse_key_refuses_foreign_keys(key: str) -> None:
-    with pytest.raises(ValueError, match="not a hicache/v1 page key"):
+    with pytest.raises(ValueError, match="not a hicache/v2 page key"):
         parse_key(key)

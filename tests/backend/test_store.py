@@ -1,4 +1,4 @@
-"""UMBPStore over the in-process UMBP double (``hicache_umbp.memory_client``).
+"""UMBPStore over the in-process UMBP double (``support.memory_client``).
 
 Real: the store, the key scheme, the bytes (ctypes buffers copied by the double). Faked: mori
 itself, replaced by the double that passes the same contract suite as real mori; the double's
@@ -15,13 +15,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hicache_umbp.build import build_store
 from hicache_umbp.config import GIB, MIB, ConfigError, load_store_config
 from hicache_umbp.keys import MHA_PARTS, MLA_PARTS, KeyScheme
-from hicache_umbp.memory_client import MemoryUMBPClient
 from hicache_umbp.ratelimit import RateLimitedLog
-from hicache_umbp.store import UMBPStore, build_store, write_back_ring_keys
+from hicache_umbp.staging import write_back_ring_keys
+from hicache_umbp.store import UMBPStore
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.memory_client import MemoryUMBPClient
 
 PAGE = 4096
 
@@ -339,10 +341,65 @@ def test_build_store_refuses_a_too_small_ring_before_opening_any_client(tmp_path
     )
     with pytest.raises(ConfigError, match=r"umbp_tier_queue_bytes.*1048576 bytes.*"
                        r"2 part\(s\) x 8388608 bytes = 16777216 bytes"):
-        build_store(cfg.rank(0), model_id="m", tp_size=1, rank=0, parts=MHA_PARTS)
+        build_store(cfg.rank(0), keys=KeyScheme("", "m", 1, 0, MHA_PARTS), value_bytes=8 * MIB)
     assert not list(tmp_path.iterdir())  # no SSD client was opened
 
 
 def test_the_default_ring_budget_is_one_gib_per_rank() -> None:
     cfg = load_store_config({"umbp_dram_bytes": str(64 * MIB)}, env={})
     assert cfg.umbp_tier_queue_bytes == GIB
+
+
+# ----------------------------------------------------------------------------- issue 11, item 6f/6h
+
+
+@pytest.mark.parametrize("op", ["set", "get"])
+def test_non_list_inputs_never_raise(op: str) -> None:
+    """The store's docstring promises never to raise: ``parts=None``, ``hashes=None``, a
+    non-string hash or a malformed (ptr, size) pair become ``False`` pages (or ``[]`` when
+    there is no page list at all), never an exception."""
+    store, _client = make(MHA_PARTS)
+    call = store.batch_set if op == "set" else store.batch_get
+    src = Pages(3, 2)
+    hs = hashes(3)
+    assert call(hs, None) == [False] * 3  # type: ignore[arg-type]
+    assert call(None, src.ptrs()) == []  # type: ignore[arg-type]
+    assert call(None, None) == []  # type: ignore[arg-type]
+    assert call(hs, 7) == [False] * 3  # type: ignore[arg-type]
+    pages = src.ptrs()
+    pages[1] = None  # type: ignore[call-overload]
+    assert call(hs, pages) == [op == "set", False, op == "set"]
+    bad_pair = src.ptrs()
+    bad_pair[2] = [("0x10", PAGE), (src.base, PAGE)]  # type: ignore[list-item]
+    assert call(hs, bad_pair)[2] is False
+    assert store.stats().errors["bad_input"] >= 4
+    assert store.batch_exists(None) == 0  # type: ignore[arg-type]
+
+
+def test_a_non_string_hash_fails_its_page_only() -> None:
+    store, _client = make(MHA_PARTS)
+    src = Pages(3, 2)
+    hs: list[object] = [*hashes(3)]
+    hs[1] = 12345
+    assert store.batch_set(hs, src.ptrs()) == [True, False, True]  # type: ignore[arg-type]
+    assert store.batch_get(hs, src.ptrs()) == [True, False, True]  # type: ignore[arg-type]
+    assert store.batch_exists(hs) == 1  # type: ignore[arg-type]
+    assert store.batch_exists([hs[0], None]) == 1  # type: ignore[list-item]
+
+
+def test_siblings_register_each_buffer_once_and_never_close_the_shared_client() -> None:
+    """Split-head stores share one client: a buffer registered through any of them is
+    registered with the client once, and only the owning store deregisters and closes."""
+    store, client = make(max_batch_pages=3)
+    siblings = [store.sibling(KeyScheme("ns/a", "model", 4, r, MHA_PARTS)) for r in (2, 3)]
+    src = Pages(2, 2)
+    for s in (store, *siblings):
+        assert s.register_buffer(src.base, 4 * PAGE)
+    assert client.calls["register_memory"] == 1
+    closed: list[int] = []
+    client.close = lambda: closed.append(1)  # type: ignore[attr-defined]
+    for s in siblings:
+        s.close()
+    assert client.calls["deregister_memory"] == 0 and closed == []
+    store.close()
+    assert client.calls["deregister_memory"] == 1 and closed == [1]

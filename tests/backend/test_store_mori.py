@@ -15,15 +15,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hicache_umbp.build import build_store
 from hicache_umbp.client import (
     make_embedded_dram_client,
     make_embedded_ssd_client,
     make_standalone_client,
 )
 from hicache_umbp.config import load_store_config
-from hicache_umbp.keys import MHA_PARTS, MLA_PARTS, KeyScheme
+from hicache_umbp.keys import MHA_PARTS, MLA_PARTS, KeyScheme, PageFormat
 from hicache_umbp.mori_env import standalone_server_env
-from hicache_umbp.store import UMBPStore, build_store
+from hicache_umbp.store import UMBPStore
 from hicache_umbp.tiers import MemfdStaging, MoriShmStaging
 
 from .conftest import StandaloneServers
@@ -217,8 +218,12 @@ def test_build_store_from_the_configuration(tmp_path: Path, pools: list[Pool]) -
         {"umbp_namespace": "prod/r1", "umbp_dram_bytes": str(64 * MIB), "umbp_local_ranks": 2},
         env={},
     )
-    store = build_store(cfg.rank(1), model_id="org/model", tp_size=2, rank=1, parts=MLA_PARTS)
-    assert store.keys.page_keys("h") == ["hicache/v1/prod%2Fr1/org%2Fmodel/tp2/r1/kv/h"]
+    fmt = PageFormat("page_first", "bfloat16", 64)
+    keys = KeyScheme("prod/r1", "org/model", 2, 1, MLA_PARTS, fmt)
+    store = build_store(cfg.rank(1), keys=keys, value_bytes=PART)
+    assert store.keys.page_keys("h") == [
+        "hicache/v2/prod%2Fr1//org%2Fmodel//page_first/bfloat16/p64/tp2/r1/kv/h"
+    ]
     src, dst = Pool(12, 1, 11), Pool(12, 1, 12)
     pools += [src, dst]
     round_trip(store, src, dst, "built", 12)

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 
 import pytest
 from hicache_umbp.keys import MHA_PARTS, KeyScheme
-from hicache_umbp.memory_client import MemoryUMBPClient
 from hicache_umbp.store import UMBPStore
 from hicache_umbp.tiers import TieredClient
+from support.memory_client import MemoryUMBPClient
 
 SIZE = 4096
 
@@ -341,3 +341,70 @@ def test_store_over_tiers_serves_a_working_set_larger_than_dram(policy: str) -> 
     st = tiers.tier_stats()
     assert st.ssd_hits > 0 and st.writeback_failed == 0 and st.misses == 0
     store.close()
+
+
+# ----------------------------------------------------------------------------- issue 11, item 6g
+
+
+@pytest.mark.parametrize("policy", ["write_back", "write_through"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_concurrent_writes_of_one_page_never_come_back_torn(policy: str, seed: int) -> None:
+    """3 writers put the same 24 pages (K and V filled with the writer's id) through a DRAM
+    tier of 8 pages in front of SSD while 2 readers get them: every hit page has K and V from
+    the same write. Real: the tiering, ring, threads and store; faked: both clients (doubles).
+    Before pages were atomic per key on the tiered path, ~60-90 hits per run were torn and the
+    ring queued one key twice (the SSD refused the repeat: writeback_failed)."""
+    from .concurrent_pages import hammer
+
+    dram, ssd = MemoryUMBPClient(16 * SIZE), MemoryUMBPClient(1 << 24, max_batch=16)
+    tiers = TieredClient(dram, ssd, write_policy=policy, queue_bytes=64 * SIZE,
+                         parts_per_page=2)
+    store = UMBPStore(tiers, KeyScheme("ns", "m", 1, 0, MHA_PARTS))
+    report = hammer(store, pages=24, part=SIZE, min_hits=1500, seed=seed)
+    st = tiers.tier_stats()
+    store.close()
+    assert not report.errors, report.errors
+    assert report.hits >= 1500 and st.ssd_hits > 0  # the SSD tier was really read
+    assert report.torn == 0, (report.torn, report.examples)
+    assert st.writeback_failed == 0
+
+
+# ----------------------------------------------------------------------------- issue 11, item 3
+
+
+@pytest.mark.parametrize("policy", ["write_back", "write_through"])
+def test_a_page_no_tier_accepts_is_never_reported_stored(policy: str) -> None:
+    """Both tiers refuse (as when both standalone sidecars are down): the put must say False.
+    Before, write-back queued the copy and answered True although DRAM had refused it and the
+    SSD then refused it too. Real: the tiering and ring; faked: both clients (doubles)."""
+    dram, ssd = MemoryUMBPClient(1 << 20), MemoryUMBPClient(1 << 24, max_batch=16)
+    tiers = TieredClient(dram, ssd, write_policy=policy, parts_per_page=2)
+    src = Buf(4)
+    dram.inject("batch_put_from_ptr", "false")
+    ssd.inject("batch_put_from_ptr", "false")
+    assert tiers.batch_put_from_ptr(keys(4), src.ptrs(), src.sizes(4)) == [False] * 4
+    tiers.flush()
+    assert tiers.batch_exists(keys(4)) == [False] * 4
+    # DRAM refuses, SSD takes it synchronously: stored (and said so).
+    dram.inject("batch_put_from_ptr", "false")
+    assert tiers.batch_put_from_ptr(keys(4), src.ptrs(), src.sizes(4)) == [True] * 4
+    assert ssd.batch_exists(keys(4)) == [True] * 4
+    tiers.close()
+
+
+def test_a_page_is_stored_only_into_tiers_holding_no_part_of_it() -> None:
+    """Real tiering over doubles: DRAM holds V of a page but not K (a partial eviction); a new
+    write of the page must not add its K beside the old V. The page is read whole from SSD."""
+    dram, ssd = MemoryUMBPClient(1 << 20), MemoryUMBPClient(1 << 24, max_batch=16)
+    tiers = TieredClient(dram, ssd, write_policy="write_through", parts_per_page=2)
+    a, b = Buf(2), Buf(2)
+    ks = ["p/k", "p/v"]
+    assert tiers.batch_put_from_ptr(ks, a.ptrs(), a.sizes(2)) == [True, True]
+    del dram._data["p/k"]  # mori evicted K only
+    assert tiers.batch_put_from_ptr(ks, b.ptrs(), b.sizes(2)) == [True, True]
+    assert dram.batch_exists(ks) == [False, True]  # DRAM was not given B's K
+    dst = Buf(2)
+    assert tiers.batch_get_into_ptr(ks, dst.ptrs(), dst.sizes(2)) == [True, True]
+    assert [dst.item(0), dst.item(1)] == [a.item(0), a.item(1)]
+    assert tiers.tier_stats().partial_pages_skipped == 1
+    tiers.close()

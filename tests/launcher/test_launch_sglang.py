@@ -3,7 +3,7 @@
 Real: SGLang's own server-args parser (``prepare_server_args``), its ``StorageBackendFactory``
 importing ``hicache_umbp.sglang_adapter`` from the rendered extra-config, and the adapter's
 config resolution. Faked: the node (a fake sysfs tree) and the UMBP client under the adapter
-(the in-process double :class:`hicache_umbp.memory_client.MemoryUMBPClient`, validated against
+(the in-process double :class:`support.memory_client.MemoryUMBPClient`, validated against
 real mori by the ``mori`` tier), because mori has no wheel for this venv's Python 3.11.
 """
 
@@ -17,10 +17,10 @@ from hicache_umbp import sglang_adapter
 from hicache_umbp.config import RankConfig
 from hicache_umbp.launch import NodeRoot, plan_launch
 from hicache_umbp.launch import command as launch_command
-from hicache_umbp.memory_client import MemoryUMBPClient
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 from sglang.srt.server_args import prepare_server_args
+from support.memory_client import MemoryUMBPClient
 
 from .conftest import io_uring_ok, launch_env
 from .fakenode import GIB, FakeNode
@@ -81,7 +81,8 @@ def test_extra_config_builds_our_backend_through_the_factory(mi355x: FakeNode) -
         backend = StorageBackendFactory.create_backend("dynamic", storage_config, None)
     assert type(backend).__name__ == "UMBPHiCacheStorage"
     assert backend.interface_v1 is True
-    rank = opened[0]
+    assert opened == []  # the client opens when SGLang registers the host pool
+    rank = backend.rank_config
     assert rank.local_rank == 5
     assert (rank.host_numa, rank.dram_numa, rank.dram_bytes) == (1, 1, 64 * GIB)
     assert backend.config.umbp_namespace == "team-a/r1"

@@ -1,0 +1,63 @@
+"""What of the L3 cache survives a restart, per mode, as measured on amd-mori 1.2.4 (pure; the
+operator's plan summary prints it, ``docs/operations.md`` explains it).
+
+Measured by ``tests/backend/test_warm_cache_mori.py`` (every "lost"/"kept" below is a test):
+
+* mori's DRAM pool lives in the process that opened it: the engine (embedded) or the DRAM
+  sidecar (standalone).
+* mori's SSD tier -- the embedded SSD node and the standalone SSD server alike -- keeps its
+  index only in memory and, when it starts, *discards* the segment files it finds in its
+  directory (``PeerSsdManager::DiscardLeftoverOnStartup``, unconditional in 1.2.4; the log
+  says ``startup discard: wiping <n>B SSD leftover``): a retained PVC or hostPath gives no warm
+  cache after the process that wrote it is gone.
+* standalone sidecars are separate containers of the pod: when only the engine container
+  restarts they keep running and keep their pages, and the new engine finds them (keys are
+  content addresses; the store reconnects and registers its buffers again).
+
+"Engine restart": the engine container restarts, sidecars keep running. "Pod restart": the pod
+is recreated on the same node with the same PVC (every container starts afresh). "Reschedule":
+the pod moves to another node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LOST_DRAM = "lost (the DRAM pool lives in the process that restarts)"
+LOST_SSD = ("lost (mori 1.2.4 discards the SSD segment files it finds when its SSD tier "
+            "starts, even on the same volume)")
+KEPT_SIDECARS = ("kept (the standalone sidecars keep running and keep their pages; the engine "
+                 "reconnects)")
+LOST_POD = "lost (every container of the pod starts afresh)"
+LOST_POD_SSD = ("lost (every container of the pod starts afresh, and the SSD sidecar discards "
+                "the segment files it finds, even on the same volume)")
+LOST_MOVED = "lost (nothing of the cache follows the pod to another node)"
+
+
+@dataclass(frozen=True)
+class WarmCache:
+    """What survives each kind of restart, one sentence each."""
+
+    engine_restart: str
+    pod_restart: str
+    reschedule: str
+
+    def summary(self) -> str:
+        return (f"engine restart: {self.engine_restart}; pod restart (same node and volume): "
+                f"{self.pod_restart}; reschedule: {self.reschedule}")
+
+
+def warm_cache_survival(mode: str, *, dram: bool, ssd: bool) -> WarmCache:
+    """What of the L3 cache survives restarts for ``mode`` (``embedded`` or ``standalone``)
+    with a DRAM and/or an SSD tier (standalone always runs the DRAM sidecar)."""
+    if mode not in ("embedded", "standalone"):
+        raise ValueError(f"mode={mode!r}: warm-cache behaviour is known for embedded and "
+                         "standalone (distributed is not supported by this backend)")
+    if not (dram or ssd or mode == "standalone"):
+        raise ValueError("no L3 tier: set dram and/or ssd")
+    if mode == "standalone":
+        return WarmCache(KEPT_SIDECARS, LOST_POD_SSD if ssd else LOST_POD, LOST_MOVED)
+    engine = LOST_SSD if ssd and not dram else LOST_DRAM
+    if ssd and dram:
+        engine = f"{LOST_DRAM}; SSD pages {LOST_SSD}"
+    return WarmCache(engine, engine, LOST_MOVED)
