@@ -2,17 +2,18 @@
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
-MORI_PY := scripts/mori-python
-SGLANG_PY := .cache/venvs/sglang/bin/python
+# The engine environment (scripts/build-engine-env.sh): Python 3.12 + SGLang 0.5.23 + amd-mori
+# 1.2.4 in one process, like the engine image; the mori, sglang and pod tiers run in it.
+ENGINE_PY := .cache/venvs/engine/bin/engine-python
 EXAMPLE ?= examples/deepseek-r1-mi355x.yaml
 
-.PHONY: help venv demo test lint test-unit test-mori test-sglang test-e2e test-chart \
-        mori-env sglang-env chart-tools bench-l3 bench-host-pool bench-plan bench-sglang \
+.PHONY: help venv demo test lint test-unit test-mori test-sglang test-pod test-e2e test-chart \
+        engine-env chart-tools bench-l3 bench-host-pool bench-plan bench-sglang bench-pod \
         bench-reconcile render-chart crd clean
 
 help:
 	@echo "make demo   - plan an example SGLangHiCache CR and show what the operator would create"
-	@echo "make test   - lint + every test tier (unit, mori, sglang, e2e, chart); builds the environments"
+	@echo "make test   - lint + every test tier (unit, mori, sglang, pod, e2e, chart); builds the environments"
 
 $(VENV)/.installed: pyproject.toml scripts/bootstrap-venv.sh
 	bash scripts/bootstrap-venv.sh $(VENV)
@@ -27,22 +28,23 @@ lint: venv
 	$(VENV)/bin/ruff check backend operator tests bench scripts
 	$(VENV)/bin/mypy backend/hicache_umbp operator/hicache_operator
 
-test: lint test-unit test-mori test-sglang test-e2e test-chart
+test: lint test-unit test-mori test-sglang test-pod test-e2e test-chart
 
 test-unit: venv
 	bash scripts/pytest-tier.sh unit $(PY)
 
-mori-env:
-	bash scripts/build-mori-env.sh
+engine-env:
+	bash scripts/build-engine-env.sh
 
-test-mori: mori-env
-	bash scripts/pytest-tier.sh mori $(MORI_PY)
+test-mori: engine-env
+	bash scripts/pytest-tier.sh mori $(ENGINE_PY)
 
-sglang-env:
-	bash scripts/build-sglang-env.sh
+test-sglang: engine-env
+	bash scripts/pytest-tier.sh sglang $(ENGINE_PY)
 
-test-sglang: sglang-env
-	bash scripts/pytest-tier.sh sglang $(SGLANG_PY)
+# Needs root (mount namespaces, memory cgroups, hugepage reservation), as CI runs.
+test-pod: engine-env
+	bash scripts/pytest-tier.sh pod $(ENGINE_PY)
 
 test-e2e: venv
 	bash scripts/pytest-tier.sh e2e $(PY)
@@ -59,17 +61,20 @@ render-chart: chart-tools
 crd: venv
 	$(PY) -m hicache_operator crd -o charts/sglang-hicache-operator/crds/sglanghicaches.yaml
 
-bench-l3: mori-env
-	$(MORI_PY) bench/l3_store.py
+bench-l3: engine-env
+	$(ENGINE_PY) bench/l3_store.py
 
-bench-host-pool: mori-env
-	$(MORI_PY) bench/host_pool.py
+bench-host-pool: engine-env
+	$(ENGINE_PY) bench/host_pool.py
 
 bench-plan: venv
 	$(PY) bench/plan.py
 
-bench-sglang: sglang-env
-	$(SGLANG_PY) bench/sglang_backend.py
+bench-sglang: engine-env
+	$(ENGINE_PY) bench/sglang_backend.py
+
+bench-pod: engine-env
+	$(ENGINE_PY) bench/pod.py
 
 bench-reconcile: venv
 	$(PY) bench/reconcile.py

@@ -245,7 +245,7 @@ def test_ssd_read_lease_is_short_on_the_real_path(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from hicache_umbp.client import SSD_READ_LEASE_ENV, SSD_READ_LEASE_MS, mori_loader_prefix
+    from hicache_umbp.client import SSD_READ_LEASE_ENV, SSD_READ_LEASE_MS
 
     env = standalone_server_env("ssd", capacity_bytes=256 << 20, ssd_dir=str(tmp_path / "s"))
     assert env[SSD_READ_LEASE_ENV] == str(SSD_READ_LEASE_MS)
@@ -257,7 +257,7 @@ def test_ssd_read_lease_is_short_on_the_real_path(tmp_path: Path) -> None:
         "print(os.environ[SSD_READ_LEASE_ENV]); c.close()\n"
     )
     out = subprocess.run(
-        [*mori_loader_prefix(), sys.executable, "-c", code],
+        [sys.executable, "-c", code],
         capture_output=True,
         text=True,
         timeout=120,

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hicache_umbp.client import mori_loader_prefix
 from hicache_umbp.mori_env import standalone_server_env
 from hicache_umbp.persistence import warm_cache_survival
 
@@ -67,7 +66,7 @@ print("RESULT " + json.dumps(out))
 
 def engine(extra: dict[str, Any], op: str) -> dict[str, Any]:
     """One engine process lifetime: build the store, write or read every page, exit."""
-    cmd = [*mori_loader_prefix(), sys.executable, "-c", ENGINE, json.dumps(extra), op,
+    cmd = [sys.executable, "-c", ENGINE, json.dumps(extra), op,
            str(PAGES), str(PART)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]

@@ -121,10 +121,12 @@ def test_chart_and_image_versions_follow_the_project_version() -> None:
 
 
 def test_the_test_environments_pin_what_the_image_ships() -> None:
-    """The mori and SGLang tiers test the backend against exactly the versions the engine image
-    installs (their build scripts keep their own pin lines)."""
-    sglang_env = (ROOT / "scripts" / "build-sglang-env.sh").read_text()
-    mori_env = (ROOT / "scripts" / "build-mori-env.sh").read_text()
-    assert re.findall(r"^SGLANG_VERSION=(\S+)$", sglang_env, re.M) == [versions.SGLANG_VERSION]
-    assert set(re.findall(r"amd-mori==([0-9][^\s)\"']*)", mori_env)) == {
-        versions.AMD_MORI_VERSION}
+    """The engine environment (mori, sglang and pod tiers) holds exactly the versions the engine
+    image installs (scripts/engine-env.lock is installed with --no-deps)."""
+    pins = dict(
+        line.split("==", 1)
+        for line in (ROOT / "scripts" / "engine-env.lock").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    )
+    assert pins["sglang"] == versions.SGLANG_VERSION
+    assert pins["amd_mori"] == versions.AMD_MORI_VERSION

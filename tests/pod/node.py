@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 

@@ -121,18 +121,17 @@ class Container:
         spec_path.parent.mkdir(parents=True, exist_ok=True)
         spec_path.write_text(json.dumps(shim_spec))
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
-        log.write(f"==== start #{self.restarts} at {time.time():.3f}\n".encode())
-        log.flush()
         self.generation += 1
         self.started.clear()
         self.ready = False
-        self.proc = subprocess.Popen(
-            ["unshare", "--mount", "--propagation", "private", "--",
-             sys.executable, str(SHIM), str(spec_path)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True)
-        log.close()
+        with open(self.log_path, "ab") as log:
+            log.write(f"==== start #{self.restarts} at {time.time():.3f}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                ["unshare", "--mount", "--propagation", "private", "--",
+                 sys.executable, str(SHIM), str(spec_path)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True)
         pod.event(self.name, "Started", f"pid {self.proc.pid}")
         self._probe_stop = threading.Event()
         threading.Thread(target=self._probe_loop, args=(self.generation, self._probe_stop),

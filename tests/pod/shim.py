@@ -65,7 +65,8 @@ def merge(target: str, fake: str, stage: str) -> None:
 
 
 def main() -> None:
-    spec = json.load(open(sys.argv[1]))
+    with open(sys.argv[1]) as f:
+        spec = json.load(f)
     if spec.get("cgroup_procs"):
         with open(spec["cgroup_procs"], "w") as f:
             f.write(str(os.getpid()))
@@ -113,7 +114,8 @@ def main() -> None:
     user = spec["user"]
     caps = ",".join(f"+{c}" for c in spec["capabilities"])
     argv = ["setpriv", f"--reuid={user['uid']}", f"--regid={user['gid']}"]
-    argv += [f"--groups={','.join(map(str, user['groups']))}"] if user["groups"] else ["--clear-groups"]
+    groups = ",".join(map(str, user["groups"]))
+    argv += [f"--groups={groups}"] if groups else ["--clear-groups"]
     argv += [f"--bounding-set=-all{',' + caps if caps else ''}",
              f"--inh-caps=-all{',' + caps if caps else ''}"]
     if caps:

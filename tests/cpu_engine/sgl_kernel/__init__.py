@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-
 from hicache_cpu_engine.rawmem import rows_at, rows_needed
 
 __version__ = "0.0.0+hicache.cpu.stand.in"
@@ -34,7 +33,7 @@ def assign_req_to_token_pool_cpu(req_pool_indices: torch.Tensor, req_to_token: t
 
 def copy_all_layer_kv_cache_cpu(data_ptrs: torch.Tensor, strides: torch.Tensor,
                                 tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
-    """For each buffer (raw pointer, row stride in bytes): row ``tgt_loc[i]`` = row ``src_loc[i]``."""
+    """Per buffer (raw pointer, row stride in bytes): row ``tgt_loc[i]`` = row ``src_loc[i]``."""
     if not tgt_loc.numel():
         return
     n = max(rows_needed(tgt_loc), rows_needed(src_loc))
