@@ -21,16 +21,21 @@ from .runtime import Image
 
 
 @pytest.fixture(scope="session")
-def pod_root() -> Iterator[Path]:
+def pod_root(request: pytest.FixtureRequest) -> Iterator[Path]:
     """Where images, volumes and logs live: world-traversable (containers run as uid 10001,
-    and pytest's own temp root is private to root). Removed after a passing session."""
+    and pytest's own temp root is private to root), and not under /tmp, which sidecars mount a
+    volume over. Removed after a session without failures (kept, with every container's log,
+    for a failed one)."""
     if os.geteuid() != 0:
         pytest.fail("the pod tier runs containers like a kubelet: it needs root (mount "
                     "namespaces, memory cgroups, hugepage reservation)")
-    root = Path(tempfile.mkdtemp(prefix="hicache-pod-"))
+    root = Path(tempfile.mkdtemp(prefix="hicache-pod-", dir="/var/tmp"))
     os.chmod(root, 0o755)
     yield root
-    shutil.rmtree(root, ignore_errors=True)
+    if request.session.testsfailed:
+        print(f"\npod tier: logs and volumes kept in {root}")
+    else:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _subdir(root: Path, name: str) -> Path:

@@ -361,6 +361,9 @@ class Pod:
             self.node.reserve_hugepages_for(c_spec)
             c = Container(self, c_spec, role)
             self.containers.append(c)
+        self._supervisor = threading.Thread(target=self._supervise, daemon=True,
+                                            name=f"kubelet-{self.meta.name}")
+        self._supervisor.start()
         for c in self.containers:
             c.start()
             if c.role == "init":
@@ -368,11 +371,10 @@ class Pod:
                 rc = c.proc.wait(timeout=wait_started_s)
                 if rc != 0:
                     raise RuntimeError(f"init container {c.name} exited {rc}:\n{c.log_text()}")
-            elif c.role == "sidecar" and not c.started.wait(wait_started_s):
-                raise RuntimeError(f"sidecar {c.name} did not start:\n{c.log_text()}")
-        self._supervisor = threading.Thread(target=self._supervise, daemon=True,
-                                            name=f"kubelet-{self.meta.name}")
-        self._supervisor.start()
+            elif c.role == "sidecar":
+                # The next container starts once this sidecar's startup probe passed.
+                self.wait(lambda c=c: self._started_or_looping(c), wait_started_s,
+                          f"sidecar {c.name} started")
 
     def _supervise(self) -> None:
         backoff: dict[str, float] = {}
@@ -393,6 +395,11 @@ class Pod:
                     return
                 c.restarts += 1
                 c.start()
+
+    def _started_or_looping(self, c: Container, max_restarts: int = 2) -> bool:
+        if c.restarts > max_restarts:
+            raise RuntimeError(f"CrashLoopBackOff: {c.name}:\n{c.log_text()}")
+        return c.started.is_set()
 
     def container(self, name: str) -> Container:
         return next(c for c in self.containers if c.name == name)

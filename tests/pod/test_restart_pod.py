@@ -1,0 +1,50 @@
+"""The L3 tier across an engine restart, in the generated pod (see test_serving_pod.py for
+what is real). The kubelet restarts the engine container after its main process dies, exactly
+as Kubernetes does (same pod, same volumes, same sidecars, CrashLoopBackOff delay).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .harness import Client, load_cr, plan_pod, start_pod
+from .test_serving_pod import PROMPT, fillers
+
+pytestmark = pytest.mark.pod
+
+
+def restart_engine(pod) -> None:  # type: ignore[no-untyped-def]
+    engine = pod.container("engine")
+    before = engine.restarts
+    engine.kill(grace_s=30, reason="Killing")
+    pod.wait(lambda: engine.restarts > before, 120, "engine restarted")
+    pod.wait_ready(600)
+
+
+@pytest.mark.timeout(1200)
+def test_standalone_l3_serves_storage_hits_after_an_engine_restart(
+        node, image, workdir: Path, models_dir: Path) -> None:
+    planned = plan_pod(load_cr("cpu/tiny-llama-standalone.yaml"))
+    pod = start_pod(planned, node, image, workdir, {"tiny-models": models_dir})
+    try:
+        pod.wait_ready(600)
+        c = Client(30001)
+        cold = c.generate(PROMPT)
+        for text in fillers(4):
+            c.generate(text)
+        host = c.generate(PROMPT)
+        assert host["meta_info"]["cached_tokens_details"]["host"] > 0, host["meta_info"]
+        sidecars = {s.name: s.proc.pid for s in pod.containers if s.role == "sidecar"}
+        restart_engine(pod)
+        # the sidecars are the same processes: the L3 cache lived through the restart
+        assert {s.name: s.proc.pid for s in pod.containers if s.role == "sidecar"} == sidecars
+        warm = c.generate(PROMPT)
+        details = warm["meta_info"]["cached_tokens_details"]
+        assert details["storage"] > 0 and details["device"] == details["host"] == 0, details
+        assert warm["text"] == cold["text"]
+        metrics = c.metrics()
+        assert 'sglang:cached_tokens_total{cache_source="storage"' in metrics
+    finally:
+        pod.close()
