@@ -220,3 +220,64 @@ class OperatorProcess:
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+
+class FakeSGLangMetrics:
+    """SGLang's ``/metrics`` pages served over real HTTP on loopback addresses (one per pod:
+    127.0.0.2, 127.0.0.3, ...), all on one port, as pods serve on ``spec.engine.port``. The page
+    each address serves is set by the test (fixtures of SGLang's exposition)."""
+
+    def __init__(self, pods: int) -> None:
+        import asyncio
+        import threading
+
+        self.ips = [f"127.0.0.{2 + i}" for i in range(pods)]
+        self.pages = dict.fromkeys(self.ips, "")
+        self.requests: list[str] = []
+        self.port = 0
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import asyncio
+        import socket
+
+        from aiohttp import web
+
+        async def handler(request: web.Request) -> web.Response:
+            ip = request.transport.get_extra_info("sockname")[0] if request.transport else ""
+            self.requests.append(ip)
+            return web.Response(text=self.pages.get(ip, ""), content_type="text/plain")
+
+        async def start() -> web.AppRunner:
+            app = web.Application()
+            app.router.add_get("/metrics", handler)
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            with socket.socket() as probe:  # a port free on every address
+                probe.bind(("127.0.0.1", 0))
+                self.port = probe.getsockname()[1]
+            for ip in self.ips:
+                await web.TCPSite(runner, ip, self.port).start()
+            return runner
+
+        asyncio.set_event_loop(self._loop)
+        runner = self._loop.run_until_complete(start())
+        self._ready.set()
+        self._loop.run_forever()
+        self._loop.run_until_complete(runner.cleanup())
+
+    def __enter__(self) -> FakeSGLangMetrics:
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("the fake SGLang metrics servers did not start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def serve(self, page: str, ip: str | None = None) -> None:
+        for target in [ip] if ip else self.ips:
+            self.pages[target] = page

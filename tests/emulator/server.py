@@ -267,10 +267,13 @@ class KubeEmulator(kmock.KubernetesScaffold):
         deadline = time.monotonic() + float(params.get("timeoutSeconds") or 1e9)
         bookmarks = params.get("allowWatchBookmarks") == "true"
         budget = fault.drop_after if fault is not None and fault.drop_after is not None else None
+        lag = fault.event_delay if fault is not None else 0.0
 
-        async def send(event_type: str, obj: dict[str, Any]) -> bool:
+        async def send(event_type: str, obj: dict[str, Any], at: float | None = None) -> bool:
             """Write one event; False when the stream must end (a drop fault ran out)."""
             nonlocal budget
+            if lag and at is not None:
+                await asyncio.sleep(max(0.0, at + lag - time.monotonic()))
             await response.write(json.dumps({"type": event_type, "object": obj}).encode() + b"\n")
             if budget is not None:
                 budget -= 1
@@ -291,7 +294,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
             return response
         try:
             for event in initial:
-                if not await send(event.type, event.object):
+                if not await send(event.type, event.object, event.at):
                     return response
             if params.get("sendInitialEvents") == "true" and bookmarks:
                 mark = self._bookmark(rtype, {"k8s.io/initial-events-end": "true"})
@@ -307,7 +310,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
                     continue
                 if item is None:  # dropped by drop_watches()
                     return response
-                if not await send(item.type, item.object):
+                if not await send(item.type, item.object, item.at):
                     return response
         except (ConnectionResetError, asyncio.CancelledError):
             pass

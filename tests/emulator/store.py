@@ -13,6 +13,7 @@ import copy
 import datetime
 import itertools
 import re
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -85,6 +86,7 @@ class WatchEvent:
     rtype: ResourceType
     type: str  # ADDED | MODIFIED | DELETED
     object: Obj
+    at: float = field(default_factory=time.monotonic)  # when it happened
 
 
 @dataclass(eq=False)
@@ -105,6 +107,20 @@ class Watcher:
 
 def now_iso() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _at(obj: Any, path: str) -> Any:
+    """The value at a cause's dotted path (``spec.a.0.b``; ``<root>``: the whole body)."""
+    if path in ("", "<root>"):
+        return {k: v for k, v in obj.items() if k != "metadata"}
+    for part in path.replace("[", ".").replace("]", "").split("."):
+        if isinstance(obj, list) and part.isdigit() and int(part) < len(obj):
+            obj = obj[int(part)]
+        elif isinstance(obj, dict) and part in obj:
+            obj = obj[part]
+        else:
+            return KeyError  # absent: never equal to a present value
+    return obj
 
 
 def _spec_part(obj: Obj) -> Obj:
@@ -286,6 +302,8 @@ class Store:
             return obj
         obj = rtype.validator.prune_and_default(obj)
         causes = rtype.validator.validate(obj, old)
+        if old is not None:  # validation ratcheting (GA in Kubernetes 1.33)
+            causes = [c for c in causes if _at(obj, c[0]) != _at(old, c[0])]
         if causes:
             name = obj["metadata"].get("name", "")
             listed = ", ".join(f"{f}: Invalid value: {m}" for f, m in causes)

@@ -1,0 +1,3 @@
+"""Cache figures of SGLang servers: pure parsing/aggregation (``sglang_metrics``) and the HTTP
+scrape (``scrape``)."""
+
