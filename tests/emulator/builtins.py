@@ -18,12 +18,15 @@ Written from the Kubernetes validation code, independently of the operator's own
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import kubernetes_validate
+import jsonschema
+from kubernetes_validate.utils import schema_contents
+from referencing import Registry, Resource
 
 K8S_VERSION = "1.33"
 KINDS = frozenset({"StatefulSet", "Service", "ConfigMap", "PodDisruptionBudget",
@@ -131,16 +134,28 @@ def semantic_causes(obj: Mapping[str, Any]) -> list[Cause]:
     return causes
 
 
+@functools.cache
+def _schema_validator(kind: str, api_version: str) -> Any:
+    """kubernetes-validate's own schema files and registry, built once per kind (its
+    ``validate()`` re-reads the multi-megabyte definitions file on every call)."""
+    group_version = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
+    directory = f"kubernetes-json-schema/v{K8S_VERSION}.0-local-strict"
+    schema = schema_contents(f"{directory}/{kind.lower()}-{group_version}.json", K8S_VERSION)
+    definitions = schema_contents(f"{directory}/_definitions.json", K8S_VERSION)
+    registry = Resource.from_contents(definitions) @ (Resource.from_contents(schema) @ Registry())
+    return jsonschema.validators.Draft202012Validator(schema, registry=registry)
+
+
 def validate_builtin(obj: Mapping[str, Any]) -> list[Cause]:
     """Why the API server would refuse ``obj`` (empty: it would store it)."""
     if obj.get("kind") not in KINDS:
         return []
     body = {k: v for k, v in obj.items() if k != "status"}
-    try:
-        kubernetes_validate.validate(body, K8S_VERSION, strict=True)
-    except kubernetes_validate.ValidationError as exc:
-        where = ".".join(str(p) for p in getattr(exc, "absolute_path", ())) or "<root>"
-        return [(where, f"Invalid value: {exc.message}")]
+    validator = _schema_validator(str(obj["kind"]), str(obj.get("apiVersion")))
+    error = jsonschema.exceptions.best_match(validator.iter_errors(body))
+    if error is not None:
+        where = ".".join(str(p) for p in error.absolute_path) or "<root>"
+        return [(where, f"Invalid value: {error.message}")]
     return semantic_causes(obj)
 
 
