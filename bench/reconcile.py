@@ -243,8 +243,6 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp, FakeSGLangMetrics(pods=1) as sglang, \
             EmulatorThread(crds=load_crds(), bookmark_interval=5.0) as emu:
         sglang.serve(page)
-        if os.environ.get("BENCH_NO_BUILTIN_VALIDATION"):  # experiment only: a laxer server
-            emu.call(lambda store: setattr(store, "validate_builtins", False))
         emu.create("v1", "namespaces", {"metadata": {"name": NAMESPACE}})
         kubeconfig = emu.write_kubeconfig(Path(tmp) / "kubeconfig", NAMESPACE)
         env = dict(os.environ, KUBECONFIG=str(kubeconfig),
