@@ -145,13 +145,16 @@ class Cluster:
     def pods(self, name: str) -> list[dict[str, Any]]:
         return self.emu.list("v1", "pods", NAMESPACE, selector(name))
 
-    def mark_pods_ready(self, name: str, count: int) -> None:
+    def mark_pods_ready(self, name: str, count: int, ips: list[str] | None = None) -> None:
+        """Mark ``count`` pods of ``name`` Ready; with ``ips``, pod i (by name) gets ips[i]."""
         pods = self.wait(lambda: (lambda p: p if len(p) >= count else [])(self.pods(name)),
                          f"{count} pods of {name}")
         assert self.emu.simulator is not None
-        for pod in pods:
-            self.emu.call(lambda s, n=pod["metadata"]["name"]:
-                          self.emu.simulator.pod_ready(NAMESPACE, n))  # type: ignore[union-attr]
+        names = sorted(pod["metadata"]["name"] for pod in pods)
+        for i, pod_name in enumerate(names):
+            ip = ips[i] if ips else None
+            self.emu.call(lambda s, n=pod_name, a=ip:
+                          self.emu.simulator.pod_ready(NAMESPACE, n, a))  # type: ignore[union-attr]
 
     def set_pod(self, fn_name: str, pod: str, *args: Any) -> None:
         sim = self.emu.simulator

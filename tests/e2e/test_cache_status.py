@@ -80,11 +80,7 @@ def test_cache_status_is_read_from_each_ready_pods_sglang_metrics(
         cr = _cr("cached", replicas=2, port=sglang.port)
         cluster.apply(cr)
         cluster.wait_children(cr)
-        pods = cluster.wait(lambda: (lambda p: p if len(p) == 2 else [])(
-            cluster.pods("cached")), "two pods")
-        for pod, ip in zip(sorted(p["metadata"]["name"] for p in pods), sglang.ips,
-                           strict=True):
-            cluster.set_pod("pod_ready", pod, ip)
+        cluster.mark_pods_ready("cached", 2, ips=sglang.ips)
         # First scrape: a baseline per pod, the planned capacity, no ratio yet.
         cache = cluster.wait(lambda: (lambda c: c if c.get("pods") == 2 else {})(
             _cache(cluster, "cached")), "the first scrape of both pods")

@@ -84,11 +84,7 @@ def test_noop_resync_with_cache_scraping_writes_nothing(cluster: Cluster, operat
         cr["spec"]["engine"] = {"port": sglang.port}
         cluster.apply(cr)
         cluster.wait_children(cr)
-        pods = cluster.wait(lambda: (lambda p: p if len(p) == 2 else [])(
-            cluster.pods("scraped")), "two pods")
-        for pod, ip in zip(sorted(p["metadata"]["name"] for p in pods), sglang.ips,
-                           strict=True):
-            cluster.set_pod("pod_ready", pod, ip)
+        cluster.mark_pods_ready("scraped", 2, ips=sglang.ips)
         cluster.wait(lambda: (((cluster.cr("scraped") or {}).get("status") or {}).get(
             "cache") or {}).get("pods") == 2, "both pods scraped")
         cluster.wait_settled(RESYNC_S)
