@@ -1,4 +1,5 @@
-"""Kubernetes core/v1 types a CR passes through to the pod: typed, so the CRD is structural.
+"""Kubernetes types a CR passes through (core/v1 scheduling, env and volume sources; the apps/v1
+update strategy): typed, so the CRD is structural.
 
 A bare ``x-kubernetes-preserve-unknown-fields`` object lets ``affinity: {nodeAffinity: "x"}``
 through the API server; the planner then crashed, or the StatefulSet it built was refused. With
@@ -14,9 +15,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
-from .types import ApiModel, Quantity
+from .types import ApiModel, IntOrPercent, Quantity
 
 # Generous bounds: they keep objects small and make CEL cost estimation possible.
 _MAX_TERMS = 32
@@ -323,3 +324,44 @@ class ModelVolumeSource(ApiModel):
             for name, info in type(self).model_fields.items()
             if getattr(self, name) is not None
         ]
+
+
+# ----------------------------------------------------------------------------- rollouts
+class RollingUpdate(ApiModel):
+    """How a RollingUpdate proceeds (apps/v1 RollingUpdateStatefulSetStrategy)."""
+
+    partition: int = Field(
+        default=0,
+        ge=0,
+        le=1024,
+        description="Only pods with an ordinal >= partition are updated; lower ones keep the "
+        "previous template (a canary: set it to replicas - 1, then lower it).",
+    )
+    max_unavailable: IntOrPercent | None = Field(
+        default=None,
+        description="Pods updated at once (a number or a percentage of replicas); needs the "
+        "MaxUnavailableStatefulSet feature of the cluster (beta and on by default from "
+        "Kubernetes 1.35); unset: one at a time.",
+    )
+
+
+class UpdateStrategy(ApiModel):
+    """How pods move to a new template (any change of env, image, sizes or the L3 layout)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"x-kubernetes-validations": [{
+            "rule": "!has(self.rollingUpdate) || !has(self.type) || "
+            "self.type == 'RollingUpdate'",
+            "message": "rollingUpdate applies to type RollingUpdate only",
+        }]}
+    )
+
+    type: Literal["RollingUpdate", "OnDelete"] = Field(
+        default="RollingUpdate",
+        description="RollingUpdate: pods are replaced one by one, each after the previous is "
+        "Ready (each replacement reloads the model and refills its pools: minutes per pod). "
+        "OnDelete: pods keep running on the old template until you delete them.",
+    )
+    rolling_update: RollingUpdate | None = Field(
+        default=None, description="Partition and parallelism of a RollingUpdate."
+    )

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
-from .k8s import Affinity, EnvVarSource, ModelVolumeSource
+from .k8s import Affinity, EnvVarSource, ModelVolumeSource, UpdateStrategy
 from .types import (
     DNS1123_SUBDOMAIN,
     ApiModel,
@@ -19,7 +19,6 @@ from .types import (
     AutoQuantity,
     GpuModelName,
     HugePageSize,
-    IntOrPercent,
     Quantity,
     Toleration,
 )
@@ -411,45 +410,6 @@ class Placement(ApiModel):
         max_length=253,
         pattern=DNS1123_SUBDOMAIN,
         description="PriorityClass (a DNS-1123 subdomain: lower-case letters, digits, '-', '.').",
-    )
-
-
-class RollingUpdate(ApiModel):
-    """How a RollingUpdate proceeds (apps/v1 RollingUpdateStatefulSetStrategy)."""
-
-    partition: int = Field(
-        default=0,
-        ge=0,
-        le=1024,
-        description="Only pods with an ordinal >= partition are updated; lower ones keep the "
-        "previous template (a canary: set it to replicas - 1, then lower it).",
-    )
-    max_unavailable: IntOrPercent | None = Field(
-        default=None,
-        description="Pods updated at once (a number or a percentage of replicas); needs the "
-        "MaxUnavailableStatefulSet feature of the cluster (beta and on by default from "
-        "Kubernetes 1.35); unset: one at a time.",
-    )
-
-
-class UpdateStrategy(ApiModel):
-    """How pods move to a new template (any change of env, image, sizes or the L3 layout)."""
-
-    model_config = _rules(
-        (
-            "!has(self.rollingUpdate) || !has(self.type) || self.type == 'RollingUpdate'",
-            "rollingUpdate applies to type RollingUpdate only",
-        ),
-    )
-
-    type: Literal["RollingUpdate", "OnDelete"] = Field(
-        default="RollingUpdate",
-        description="RollingUpdate: pods are replaced one by one, each after the previous is "
-        "Ready (each replacement reloads the model and refills its pools: minutes per pod). "
-        "OnDelete: pods keep running on the old template until you delete them.",
-    )
-    rolling_update: RollingUpdate | None = Field(
-        default=None, description="Partition and parallelism of a RollingUpdate."
     )
 
 
