@@ -21,7 +21,7 @@ import yaml
 from .api.config import NodeFacts, OperatorConfig, OperatorConfigError, dump_schema
 from .api.crd import crd_yaml
 from .api.docs import render_api_doc
-from .planner import SpecError, plan
+from .planner import SpecError, plan, render_summary
 
 EXTENSIONS = ("hicache_operator.run_cli",)
 
@@ -80,7 +80,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                 json.dumps({"objects": p.objects, "plan": p.status_plan}, indent=2) + "\n"
             )
         else:
-            sys.stdout.write(p.summary())
+            sys.stdout.write(render_summary(p))
     return rc
 
 

@@ -144,7 +144,7 @@ def test_overrides_reach_the_objects() -> None:
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["models-a", "models-b"]
     netpol = one(objects, "NetworkPolicy")
     egress_ports = {p["port"] for rule in netpol["spec"]["egress"] for p in rule["ports"]}
-    assert egress_ports == {53, 443, 6443}
+    assert egress_ports == {53, 443, 6443, "http"}
     assert one(objects, "ServiceMonitor")["metadata"]["labels"]["release"] == "prom"
 
     single = helm_template(OVERRIDES["single-standalone"])
@@ -153,6 +153,28 @@ def test_overrides_reach_the_objects() -> None:
     assert not by_kind(single, "PodDisruptionBudget") and not by_kind(single, "ServiceAccount")
     assert one(single, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == \
         "existing-sa"
+
+
+def test_network_policy_lets_the_operator_reach_exactly_the_engines_metrics_port() -> None:
+    """status.cache: the operator reads SGLang's /metrics on the engine pods' HTTP port (named
+    http) in the watched namespaces, and nothing else of theirs; off with cacheMetrics."""
+    def engine_rules(values: dict[str, Any]) -> list[dict[str, Any]]:
+        netpol = one(helm_template({"networkPolicy": {"enabled": True}, **values}),
+                     "NetworkPolicy")
+        return [r for r in netpol["spec"]["egress"] if r.get("to") and "podSelector" in
+                r["to"][0]]
+
+    (rule,) = engine_rules({"operatorConfig": {"watchNamespaces": ["models-a", "models-b"]}})
+    assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
+    (peer,) = rule["to"]
+    assert peer["podSelector"] == {"matchLabels": {
+        "app.kubernetes.io/name": "sglang-hicache", "app.kubernetes.io/component": "engine"}}
+    assert peer["namespaceSelector"] == {"matchExpressions": [{
+        "key": "kubernetes.io/metadata.name", "operator": "In",
+        "values": ["models-a", "models-b"]}]}
+    (cluster_wide,) = engine_rules({})
+    assert cluster_wide["to"][0]["namespaceSelector"] == {}
+    assert engine_rules({"operatorConfig": {"cacheMetrics": {"enabled": False}}}) == []
 
 
 def test_config_change_rolls_the_operator() -> None:

@@ -187,10 +187,11 @@ def test_two_rendered_replicas_one_active_then_failover(
             emu.wait_for(lambda: emu.list("apps/v1", "statefulsets", NAMESPACE), timeout=60,
                          what="one of two replicas to reconcile the CR (peering deadlock?)")
             # stop the replica that did the work; the other one must handle the next change.
-            # kopf logs "Creation is processed" after the handler returns, i.e. a moment after
-            # the StatefulSet appeared: wait for the line instead of reading the logs once.
+            # kopf logs "Handler 'cr_event' succeeded" after the handler returns, i.e. a moment
+            # after the StatefulSet appeared: wait for the line instead of reading the logs once.
             def worker() -> list[OperatorProcess]:
-                return [r for r in replicas if "Creation is processed" in r.log_path.read_text()]
+                return [r for r in replicas
+                        if "Handler 'cr_event' succeeded" in r.log_path.read_text()]
 
             (active,) = emu.wait_for(worker, timeout=60,
                                      what="the active replica to finish the creation")

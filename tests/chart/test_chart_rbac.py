@@ -104,12 +104,14 @@ def test_namespaced_install_grants_workloads_only_in_watched_namespaces() -> Non
         grants = granted(objects, ns)
         assert grants <= declared(), grants - declared()
         assert not expected - grants, sorted(expected - grants)
-    # outside the watched namespaces: only the cluster-scoped reads kopf needs
+    # outside the watched namespaces: only the cluster-scoped reads kopf needs, and the
+    # StorageClasses of SSD claims the operator grows
     assert cluster_only == {
         ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
         ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
         ("", "namespaces", "list"),
         ("", "namespaces", "watch"),
+        ("storage.k8s.io", "storageclasses", "get"),
     }
     assert granted(objects, "kube-system") == cluster_only
 

@@ -145,13 +145,16 @@ class Cluster:
     def pods(self, name: str) -> list[dict[str, Any]]:
         return self.emu.list("v1", "pods", NAMESPACE, selector(name))
 
-    def mark_pods_ready(self, name: str, count: int) -> None:
+    def mark_pods_ready(self, name: str, count: int, ips: list[str] | None = None) -> None:
+        """Mark ``count`` pods of ``name`` Ready; with ``ips``, pod i (by name) gets ips[i]."""
         pods = self.wait(lambda: (lambda p: p if len(p) >= count else [])(self.pods(name)),
                          f"{count} pods of {name}")
         assert self.emu.simulator is not None
-        for pod in pods:
-            self.emu.call(lambda s, n=pod["metadata"]["name"]:
-                          self.emu.simulator.pod_ready(NAMESPACE, n))  # type: ignore[union-attr]
+        names = sorted(pod["metadata"]["name"] for pod in pods)
+        for i, pod_name in enumerate(names):
+            ip = ips[i] if ips else None
+            self.emu.call(lambda s, n=pod_name, a=ip:
+                          self.emu.simulator.pod_ready(NAMESPACE, n, a))  # type: ignore[union-attr]
 
     def set_pod(self, fn_name: str, pod: str, *args: Any) -> None:
         sim = self.emu.simulator
@@ -220,3 +223,64 @@ class OperatorProcess:
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+
+class FakeSGLangMetrics:
+    """SGLang's ``/metrics`` pages served over real HTTP on loopback addresses (one per pod:
+    127.0.0.2, 127.0.0.3, ...), all on one port, as pods serve on ``spec.engine.port``. The page
+    each address serves is set by the test (fixtures of SGLang's exposition)."""
+
+    def __init__(self, pods: int) -> None:
+        import asyncio
+        import threading
+
+        self.ips = [f"127.0.0.{2 + i}" for i in range(pods)]
+        self.pages = dict.fromkeys(self.ips, "")
+        self.requests: list[str] = []
+        self.port = 0
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import asyncio
+        import socket
+
+        from aiohttp import web
+
+        async def handler(request: web.Request) -> web.Response:
+            ip = request.transport.get_extra_info("sockname")[0] if request.transport else ""
+            self.requests.append(ip)
+            return web.Response(text=self.pages.get(ip, ""), content_type="text/plain")
+
+        async def start() -> web.AppRunner:
+            app = web.Application()
+            app.router.add_get("/metrics", handler)
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            with socket.socket() as probe:  # a port free on every address
+                probe.bind(("127.0.0.1", 0))
+                self.port = probe.getsockname()[1]
+            for ip in self.ips:
+                await web.TCPSite(runner, ip, self.port).start()
+            return runner
+
+        asyncio.set_event_loop(self._loop)
+        runner = self._loop.run_until_complete(start())
+        self._ready.set()
+        self._loop.run_forever()
+        self._loop.run_until_complete(runner.cleanup())
+
+    def __enter__(self) -> FakeSGLangMetrics:
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("the fake SGLang metrics servers did not start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def serve(self, page: str, ip: str | None = None) -> None:
+        for target in [ip] if ip else self.ips:
+            self.pages[target] = page

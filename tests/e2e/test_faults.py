@@ -104,9 +104,9 @@ def test_two_peered_replicas_have_one_active(cluster: Cluster, tmp_path: Any) ->
         cr = _cr("peered")
         cluster.apply(cr)
         cluster.wait_children(cr, timeout=60)
-        cluster.wait(lambda: "Handler 'apply' succeeded" in active.log, "the active to apply")
+        cluster.wait(lambda: "Handler 'cr_event' succeeded" in active.log, "the active to apply")
         # The standby stays paused: it handles nothing while the active replica lives.
-        assert "Handler 'apply'" not in standby.log
+        assert "Handler 'cr_event'" not in standby.log
         assert active.alive and standby.alive
     finally:
         active.stop()

@@ -158,18 +158,34 @@ def test_children_no_longer_planned_are_pruned(cluster: Cluster, operator: Any) 
     assert cluster.child(("v1", "configmaps"), "prune-foreign") is not None
 
 
-def test_immutable_statefulset_change_recreates_it_keeping_pods(
+def _storage_class(cluster: Cluster, name: str, expandable: bool) -> None:
+    cluster.emu.create("storage.k8s.io/v1", "storageclasses", {
+        "metadata": {"name": name}, "provisioner": "local.csi.example",
+        **({"allowVolumeExpansion": True} if expandable else {})})
+
+
+def _claim_sizes(cluster: Cluster, name: str) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["spec"]["resources"]["requests"]["storage"]
+            for p in cluster.emu.list("v1", "persistentvolumeclaims", NAMESPACE,
+                                      f"app.kubernetes.io/instance={name}")}
+
+
+def test_growing_the_ssd_claim_expands_the_claims_and_recreates_the_statefulset(
         cluster: Cluster, operator: Any) -> None:
-    """A bigger SSD claim changes volumeClaimTemplates, which the API server refuses to update:
-    the StatefulSet is deleted orphaning its pods and created anew; the running pod is adopted,
-    its PVC kept."""
-    cr = example(EXAMPLES[0], "grow")  # deepseek-r1: SSD on a per-pod PVC
+    """A bigger SSD claim on an expandable StorageClass: the existing claims are patched to the
+    new size (the StatefulSet controller never resizes them) and the StatefulSet, whose
+    volumeClaimTemplates the API server refuses to update, is deleted orphaning its pods and
+    created anew; the running pod is adopted, its PVC kept."""
+    _storage_class(cluster, "local-nvme", expandable=True)
+    cr = example(EXAMPLES[0], "grow")  # deepseek-r1: SSD on a per-pod PVC (local-nvme)
     cluster.apply(cr)
     live = cluster.wait_children(cr)
     old_uid = live[("StatefulSet", "grow")]["metadata"]["uid"]
     pod = cluster.wait(lambda: cluster.pods("grow"), "the pod")[0]
-    ssd = cr["spec"]["l3"]["ssd"]
-    ssd["volume"]["claimTemplate"]["size"] = "3700Gi"
+    claims = cluster.wait(lambda: _claim_sizes(cluster, "grow"), "the SSD claim")
+    assert set(claims.values()) == {"3500Gi"}
+    writes_before = cluster.writes()
+    cr["spec"]["l3"]["ssd"]["volume"]["claimTemplate"]["size"] = "3700Gi"
     cluster.patch_spec("grow", {"l3": {"ssd": {"volume": {"claimTemplate": {
         "size": "3700Gi"}}}}})
     live = cluster.wait_children(cr)
@@ -177,12 +193,46 @@ def test_immutable_statefulset_change_recreates_it_keeping_pods(
     assert sts["metadata"]["uid"] != old_uid
     assert sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"][
         "storage"] == "3700Gi"
+    assert _claim_sizes(cluster, "grow") == dict.fromkeys(claims, "3700Gi")
     cluster.wait(lambda: [p for p in cluster.pods("grow") if p["metadata"]["ownerReferences"][0][
         "uid"] == sts["metadata"]["uid"]], "the new StatefulSet to adopt the pod")
     adopted = cluster.pods("grow")[0]
     assert adopted["metadata"]["uid"] == pod["metadata"]["uid"]  # the same pod kept running
-    cluster.wait(lambda: [e for e in cluster.events("grow") if "recreated" in e["message"]],
-                 "an Applied event saying the StatefulSet was recreated")
+    cluster.wait(lambda: [e for e in cluster.events("grow") if "recreated" in e["message"]
+                          and "expanded PersistentVolumeClaim" in e["message"]],
+                 "an Applied event saying the claims grew and the StatefulSet was recreated")
+    pvc_patches = [r for r in cluster.emu.writes()[writes_before:]
+                   if r.plural == "persistentvolumeclaims"]
+    assert [r.code for r in pvc_patches] == [200] * len(claims)  # once per claim
+
+
+def test_growing_the_ssd_claim_on_a_fixed_storage_class_is_refused_and_nothing_changes(
+        cluster: Cluster, operator: Any) -> None:
+    """StorageClass without allowVolumeExpansion: the change is refused as a whole
+    (SpecValid=False, VolumeExpansionRefused, naming the claim and the class); the StatefulSet
+    and the claims stay as they were; no write repeats; reverting the size clears it."""
+    _storage_class(cluster, "local-nvme", expandable=False)
+    cr = example(EXAMPLES[0], "fixed")
+    cluster.apply(cr)
+    live = cluster.wait_children(cr)
+    sts_uid = live[("StatefulSet", "fixed")]["metadata"]["uid"]
+    claims = cluster.wait(lambda: _claim_sizes(cluster, "fixed"), "the SSD claim")
+    cluster.patch_spec("fixed", {"replicas": 1, "l3": {"ssd": {"volume": {"claimTemplate": {
+        "size": "3700Gi"}}}}})
+    cond = cluster.wait_condition("fixed", "SpecValid", "False", "VolumeExpansionRefused")
+    assert "spec.l3.ssd.volume.claimTemplate.size" in cond["message"]
+    assert "local-nvme does not allow volume expansion" in cond["message"]
+    assert all(c in cond["message"] for c in claims)
+    cluster.wait(lambda: [e for e in cluster.events("fixed")
+                          if e["reason"] == "VolumeExpansionRefused"], "a refusal Event")
+    cluster.wait_settled(RESYNC_S)
+    assert cluster.writes_during(3 * RESYNC_S) == []  # refused once, not retried in a loop
+    sts = cluster.child(("apps/v1", "statefulsets"), "fixed")
+    assert sts is not None and sts["metadata"]["uid"] == sts_uid
+    assert _claim_sizes(cluster, "fixed") == claims
+    cluster.patch_spec("fixed", {"l3": {"ssd": {"volume": {"claimTemplate": {
+        "size": "3500Gi"}}}}})
+    cluster.wait_condition("fixed", "SpecValid", "True", "Planned")
 
 
 def test_ssd_volumes_go_with_the_cr_when_it_asks_and_foreign_objects_stay(

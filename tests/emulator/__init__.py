@@ -21,7 +21,12 @@ It speaks the Kubernetes REST API over loopback HTTP well enough to run the real
   revisionHistoryLimit, persistentVolumeClaimRetentionPolicy and minReadySeconds may change (422);
 - Events (core ``v1`` and ``events.k8s.io/v1``) stored like any object;
 - CR validation against the CRD schema (pruning, defaults, OpenAPI keywords) and its CEL
-  ``x-kubernetes-validations`` (cel-python), answered with 422 and per-field causes;
+  ``x-kubernetes-validations`` (cel-python), answered with 422 and per-field causes; on updates,
+  invalid values left unchanged are let through (validation ratcheting, GA in 1.33), so a CR
+  stored under an older CRD (``create_unvalidated``) can still get its status written;
+- built-in kinds validated like an API server (``builtins``: kubernetes-validate's schemas of
+  1.33 plus label/name/mount/selector rules), PVC resize rules, StorageClasses, feature gates
+  (``Store.feature_gates``: fields of a disabled gate are dropped, as the server does);
 - fault injection (``Fault``): error statuses (409, 500, ...), delays, dropped watches
   (``drop_after`` events, or ``drop_watches()`` for every open stream);
 - a minimal StatefulSet controller/kubelet (``WorkloadSimulator``) creating pods and PVCs whose
@@ -29,8 +34,8 @@ It speaks the Kubernetes REST API over loopback HTTP well enough to run the real
 
 Known gaps versus a real API server (do not rely on these in tests):
 - no authentication/authorization/admission webhooks, no RBAC checks; any token is accepted;
-- built-in kinds are not schema-validated or defaulted (the operator's built-in objects are
-  checked with kubernetes-validate in the planner tests instead);
+- built-in kinds are not defaulted, and unknown fields are refused (strict) where a real
+  server drops them with a warning; the Go validation rules are a subset (``builtins``);
 - strategic merge patch and server-side apply are plain JSON merge patches: no list merge
   keys, no managedFields/field ownership, no apply conflicts;
 - no ``deletecollection``; ``Foreground`` propagation behaves like ``Background``;

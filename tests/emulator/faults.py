@@ -4,7 +4,8 @@ A ``Fault`` matches requests by HTTP method, resource plural, object name and su
 of them may be left open) and fires ``times`` times (``None``: until removed). When it fires:
 ``delay`` seconds pass first; then, if ``status`` is set, the request is answered with that error
 (a Kubernetes ``Status`` body) without touching the store; else, for a watch, ``drop_after``
-events are sent and the stream is closed by the server.
+events are sent and the stream is closed by the server, and each event is held back
+``event_delay`` seconds (a lagging watch: the client sees every change late).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class Fault:
     status: int | None = None
     delay: float = 0.0
     drop_after: int | None = None  # watch streams only
+    event_delay: float = 0.0  # watch streams only: each event arrives this late
     times: int | None = 1
     fired: int = field(default=0, init=False)
 

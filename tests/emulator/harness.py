@@ -9,6 +9,7 @@ respect to the requests being served.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -110,6 +111,23 @@ class EmulatorThread:
         rt = self.rtype(api_version, plural)
         return self.call(lambda s: s.create(rt, namespace or body["metadata"].get("namespace"),
                                             body))
+
+    def create_unvalidated(self, api_version: str, plural: str, body: Obj,
+                           namespace: str | None = None) -> Obj:
+        """Create without schema/CEL validation: an object stored under an older, more
+        permissive CRD (an API server never re-validates stored objects when a CRD changes)."""
+        rt = self.rtype(api_version, plural)
+        lax = dataclasses.replace(rt, validator=None)
+
+        def create(store: Store) -> Obj:
+            store.types[(rt.group, rt.version, rt.plural)] = lax
+            validate, store.validate_builtins = store.validate_builtins, False
+            try:
+                return store.create(lax, namespace or body["metadata"].get("namespace"), body)
+            finally:
+                store.types[(rt.group, rt.version, rt.plural)] = rt
+                store.validate_builtins = validate
+        return self.call(create)
 
     def get(self, api_version: str, plural: str, namespace: str | None, name: str) -> Obj:
         rt = self.rtype(api_version, plural)

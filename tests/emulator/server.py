@@ -47,6 +47,8 @@ BUILTIN_TYPES = (
                  subresources=frozenset({"status", "scale"})),
     ResourceType("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget",
                  short_names=("pdb",), subresources=frozenset({"status"})),
+    ResourceType("storage.k8s.io", "v1", "storageclasses", "StorageClass", namespaced=False,
+                 short_names=("sc",)),
     ResourceType("events.k8s.io", "v1", "events", "Event"),
     ResourceType("coordination.k8s.io", "v1", "leases", "Lease"),
     ResourceType("apiextensions.k8s.io", "v1", "customresourcedefinitions",
@@ -67,6 +69,28 @@ class RequestRecord:
     subresource: str | None
     watch: bool
     code: int = 0
+    # Where a write's body puts values: dotted key paths down to the changed leaves (or to the
+    # first list), e.g. ``metadata.annotations.example.com/key``; empty for reads and deletes.
+    body_keys: tuple[str, ...] = ()
+
+    @property
+    def path(self) -> str:
+        """``plural[/name[/subresource]]`` with the namespace, for reports."""
+        parts = [p for p in (self.namespace, self.plural, self.name, self.subresource) if p]
+        return "/".join(parts)
+
+
+def body_key_paths(body: Any, prefix: str = "", depth: int = 6) -> tuple[str, ...]:
+    """Dotted paths of the leaves a JSON body sets (lists and deep subtrees count as leaves)."""
+    if isinstance(body, list) and not prefix:  # a JSON patch: its operations' paths
+        return tuple(sorted(f"{op.get('op')} {op.get('path')}" for op in body
+                            if isinstance(op, dict)))
+    if not isinstance(body, dict) or not body or depth == 0:
+        return (prefix,) if prefix else ()
+    out: list[str] = []
+    for key, value in body.items():
+        out.extend(body_key_paths(value, f"{prefix}.{key}" if prefix else str(key), depth - 1))
+    return tuple(sorted(out))
 
 
 @attrs.define(kw_only=True)
@@ -170,8 +194,11 @@ class KubeEmulator(kmock.KubernetesScaffold):
         watch = method == "GET" and request.params.get("watch") in ("true", "1")
         fault = self.faults.take("WATCH" if watch else method, rtype.plural, request.name,
                                  request.subresource)
+        # Creations and replacements name only their top-level keys (whole objects).
+        keys = (body_key_paths(request.data) if method == "PATCH" else
+                body_key_paths(request.data, depth=1) if method in ("POST", "PUT") else ())
         record = RequestRecord(method, rtype.plural, request.namespace, request.name,
-                               request.subresource, watch)
+                               request.subresource, watch, body_keys=keys)
         try:
             if fault is not None and fault.delay:
                 await asyncio.sleep(fault.delay)
@@ -240,10 +267,13 @@ class KubeEmulator(kmock.KubernetesScaffold):
         deadline = time.monotonic() + float(params.get("timeoutSeconds") or 1e9)
         bookmarks = params.get("allowWatchBookmarks") == "true"
         budget = fault.drop_after if fault is not None and fault.drop_after is not None else None
+        lag = fault.event_delay if fault is not None else 0.0
 
-        async def send(event_type: str, obj: dict[str, Any]) -> bool:
+        async def send(event_type: str, obj: dict[str, Any], at: float | None = None) -> bool:
             """Write one event; False when the stream must end (a drop fault ran out)."""
             nonlocal budget
+            if lag and at is not None:
+                await asyncio.sleep(max(0.0, at + lag - time.monotonic()))
             await response.write(json.dumps({"type": event_type, "object": obj}).encode() + b"\n")
             if budget is not None:
                 budget -= 1
@@ -264,7 +294,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
             return response
         try:
             for event in initial:
-                if not await send(event.type, event.object):
+                if not await send(event.type, event.object, event.at):
                     return response
             if params.get("sendInitialEvents") == "true" and bookmarks:
                 mark = self._bookmark(rtype, {"k8s.io/initial-events-end": "true"})
@@ -280,7 +310,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
                     continue
                 if item is None:  # dropped by drop_watches()
                     return response
-                if not await send(item.type, item.object):
+                if not await send(item.type, item.object, item.at):
                     return response
         except (ConnectionResetError, asyncio.CancelledError):
             pass

@@ -13,12 +13,14 @@ import copy
 import datetime
 import itertools
 import re
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .builtins import pvc_update_causes, validate_builtin
 from .patching import PatchError, apply_patch
 from .selectors import matches_fields, matches_labels
 from .validation import Cause, SchemaValidator
@@ -84,6 +86,7 @@ class WatchEvent:
     rtype: ResourceType
     type: str  # ADDED | MODIFIED | DELETED
     object: Obj
+    at: float = field(default_factory=time.monotonic)  # when it happened
 
 
 @dataclass(eq=False)
@@ -106,6 +109,20 @@ def now_iso() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _at(obj: Any, path: str) -> Any:
+    """The value at a cause's dotted path (``spec.a.0.b``; ``<root>``: the whole body)."""
+    if path in ("", "<root>"):
+        return {k: v for k, v in obj.items() if k != "metadata"}
+    for part in path.replace("[", ".").replace("]", "").split("."):
+        if isinstance(obj, list) and part.isdigit() and int(part) < len(obj):
+            obj = obj[int(part)]
+        elif isinstance(obj, dict) and part in obj:
+            obj = obj[part]
+        else:
+            return KeyError  # absent: never equal to a present value
+    return obj
+
+
 def _spec_part(obj: Obj) -> Obj:
     return {k: v for k, v in obj.items() if k not in ("metadata", "status")}
 
@@ -113,7 +130,11 @@ def _spec_part(obj: Obj) -> Obj:
 class Store:
     """Objects, resourceVersions, watch history, finalizers and owner-reference GC."""
 
-    def __init__(self, history_limit: int = 200_000) -> None:
+    def __init__(self, history_limit: int = 200_000,
+                 feature_gates: dict[str, bool] | None = None) -> None:
+        # Feature gates the emulated cluster runs with (the defaults of Kubernetes 1.35).
+        self.feature_gates = {"MaxUnavailableStatefulSet": True, **(feature_gates or {})}
+        self.validate_builtins = True  # schema + semantic checks of built-in kinds (422)
         self.types: dict[tuple[str, str, str], ResourceType] = {}
         self.objects: dict[tuple[str, str, str | None, str], Obj] = {}
         self.rv = 0
@@ -260,11 +281,29 @@ class Store:
                            f"must be {what} of at most {limit} characters",
                            causes=[("metadata.name", f"must be {what}")])
 
+    def _gated(self, rtype: ResourceType, obj: Obj) -> Obj:
+        """Fields of disabled feature gates are dropped silently, as the API server does."""
+        if rtype.key == ("apps", "statefulsets") and \
+                not self.feature_gates["MaxUnavailableStatefulSet"]:
+            rolling = ((obj.get("spec") or {}).get("updateStrategy") or {}).get("rollingUpdate")
+            if isinstance(rolling, dict):
+                rolling.pop("maxUnavailable", None)
+        return obj
+
     def _validated(self, rtype: ResourceType, obj: Obj, old: Obj | None) -> Obj:
         if rtype.validator is None:
+            obj = self._gated(rtype, obj)
+            causes = validate_builtin(obj) if self.validate_builtins else []
+            if causes:
+                name = obj["metadata"].get("name", "")
+                listed = ", ".join(f"{f}: {m}" for f, m in causes)
+                raise ApiError(422, "Invalid", f'{rtype.kind} "{name}" is invalid: [{listed}]',
+                               causes=causes, details={"name": name, "kind": rtype.plural})
             return obj
         obj = rtype.validator.prune_and_default(obj)
         causes = rtype.validator.validate(obj, old)
+        if old is not None:  # validation ratcheting (GA in Kubernetes 1.33)
+            causes = [c for c in causes if _at(obj, c[0]) != _at(old, c[0])]
         if causes:
             name = obj["metadata"].get("name", "")
             listed = ", ".join(f"{f}: Invalid value: {m}" for f, m in causes)
@@ -275,7 +314,18 @@ class Store:
         return obj
 
     def _check_immutable(self, rtype: ResourceType, new: Obj, old: Obj) -> None:
-        """The StatefulSet update rule of the real API server (apps/v1 validation)."""
+        """The update rules of StatefulSets (apps/v1 validation) and PVCs (resize)."""
+        if rtype.key == ("", "persistentvolumeclaims"):
+            name = str((old.get("spec") or {}).get("storageClassName") or "")
+            sc = self.objects.get(("storage.k8s.io", "storageclasses", None, name))
+            status, causes = pvc_update_causes(new, old, sc)
+            if causes:
+                reason = "Forbidden" if status == 403 else "Invalid"
+                raise ApiError(status, reason, f'persistentvolumeclaims "{old["metadata"]["name"]}'
+                               f'" is forbidden: {causes[0][1]}' if status == 403 else
+                               f'PersistentVolumeClaim "{old["metadata"]["name"]}" is invalid: '
+                               f"{causes[0][0]}: {causes[0][1]}", causes=causes)
+            return
         if rtype.key != ("apps", "statefulsets"):
             return
         changed = sorted(k for k in set(new.get("spec") or {}) | set(old.get("spec") or {})

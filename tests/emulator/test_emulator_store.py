@@ -7,6 +7,7 @@ defaults, OpenAPI validation and CEL rules; the chart's generated CRD is covered
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 
@@ -203,13 +204,93 @@ def test_merge_patch_and_selectors() -> None:
     assert not matches_fields("metadata.name!=n", {"metadata": {"name": "n"}})
 
 
+def _sts(name: str = "s", **pod: Any) -> dict[str, Any]:
+    """A StatefulSet the API server accepts; ``pod`` overrides pod spec fields."""
+    labels = {"app": name}
+    container = {"name": "c", "image": "busybox",
+                 "volumeMounts": [{"name": "data", "mountPath": "/data"}]}
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": name},
+            "spec": {"replicas": 1, "serviceName": "a", "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels}, "spec": {
+                         "containers": [container],
+                         "volumes": [{"name": "data", "emptyDir": {}}], **pod}}}}
+
+
 def test_statefulset_immutable_spec_fields_are_422() -> None:
     store, _ = _store()
     sts = store.find_type("apps", "v1", "statefulsets")
-    store.create(sts, "ns", {"metadata": {"name": "s"}, "spec": {
-        "replicas": 1, "serviceName": "a", "template": {}}})
+    store.create(sts, "ns", _sts())
     store.patch(sts, "ns", "s", "application/merge-patch+json", {"spec": {"replicas": 3}})
     with pytest.raises(ApiError) as forbidden:
         store.patch(sts, "ns", "s", "application/merge-patch+json",
                     {"spec": {"serviceName": "b"}})
     assert forbidden.value.status == 422 and "serviceName" in forbidden.value.message
+
+
+@pytest.mark.parametrize(("pod", "field"), [
+    ({"nodeSelector": {"bad key!": "x"}}, "spec.template.spec.nodeSelector"),
+    ({"priorityClassName": "Bad_Name!"}, "spec.template.spec.priorityClassName"),
+    ({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": "oops"}]}}}}, "matchExpressions"),
+    ({"affinity": {"nodeAffinity": "x"}}, "nodeAffinity"),
+    ({"containers": [{"name": "c", "image": "i", "volumeMounts": [
+        {"name": "data", "mountPath": "/d"}, {"name": "data", "mountPath": "/d"}]}]},
+     "volumeMounts.mountPath"),
+    ({"containers": [{"name": "c", "image": "i", "env": [
+        {"name": "X", "valueFrom": {"secretKeyRef": "nope"}}]}]}, "secretKeyRef"),
+], ids=["label-key", "priority-class", "match-expressions", "node-affinity", "mount-path",
+        "secret-key-ref"])
+def test_invalid_builtin_objects_are_422_like_a_real_api_server(
+        pod: dict[str, Any], field: str) -> None:
+    store, _ = _store()
+    sts = store.find_type("apps", "v1", "statefulsets")
+    with pytest.raises(ApiError) as invalid:
+        store.create(sts, "ns", _sts(**pod))
+    assert invalid.value.status == 422
+    assert any(field in f for f, _ in invalid.value.causes), invalid.value.causes
+    assert store.list(sts) == []
+
+
+def test_disabled_feature_gate_fields_are_dropped_silently() -> None:
+    store = Store(feature_gates={"MaxUnavailableStatefulSet": False})
+    for rtype in BUILTIN_TYPES:
+        store.register(rtype)
+    sts = store.find_type("apps", "v1", "statefulsets")
+    body = _sts()
+    body["spec"]["updateStrategy"] = {"type": "RollingUpdate",
+                                      "rollingUpdate": {"maxUnavailable": 2, "partition": 1}}
+    created = store.create(sts, "ns", body)
+    assert created["spec"]["updateStrategy"]["rollingUpdate"] == {"partition": 1}
+
+
+def test_pvc_resize_needs_a_bound_claim_growing_on_an_expandable_storage_class() -> None:
+    store, _ = _store()
+    pvcs = store.find_type("", "v1", "persistentvolumeclaims")
+    classes = store.find_type("storage.k8s.io", "v1", "storageclasses")
+    store.create(classes, None, {"metadata": {"name": "fixed"}, "provisioner": "x"})
+    store.create(classes, None, {"metadata": {"name": "grows"}, "provisioner": "x",
+                                 "allowVolumeExpansion": True})
+    merge = "application/merge-patch+json"
+
+    def claim(name: str, cls: str) -> None:
+        made = store.create(pvcs, "ns", {"metadata": {"name": name}, "spec": {
+            "storageClassName": cls, "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": "10Gi"}}}})
+        store.replace(pvcs, "ns", name, {**made, "status": {"phase": "Bound"}}, "status")
+
+    def grow(name: str, size: str) -> dict[str, Any]:
+        return store.patch(pvcs, "ns", name, merge,
+                           {"spec": {"resources": {"requests": {"storage": size}}}})
+
+    claim("a", "fixed")
+    claim("b", "grows")
+    with pytest.raises(ApiError) as refused:
+        grow("a", "20Gi")
+    assert refused.value.status == 403 and "must support resize" in refused.value.message
+    assert grow("b", "20Gi")["spec"]["resources"]["requests"]["storage"] == "20Gi"
+    with pytest.raises(ApiError) as shrink:
+        grow("b", "5Gi")
+    assert shrink.value.status == 422
+    with pytest.raises(ApiError) as other:
+        store.patch(pvcs, "ns", "b", merge, {"spec": {"storageClassName": "fixed"}})
+    assert other.value.status == 422

@@ -3,7 +3,8 @@
 Given one version's ``openAPIV3Schema`` from a CustomResourceDefinition:
 
 1. **Pruning**: fields not declared in a structural schema are dropped silently (unless
-   ``x-kubernetes-preserve-unknown-fields: true``). This is why kopf's default progress storage
+   ``x-kubernetes-preserve-unknown-fields: true``), and so are ``null`` values of fields that
+   are not ``nullable``. This is why kopf's default progress storage
    in ``status.kopf`` vanishes on a real cluster and the operator must use annotations.
 2. **Defaulting**: ``default`` values are filled in for absent properties (recursively).
 3. **Validation**: the OpenAPI keywords (type, enum, required, min/max, pattern, items, ...)
@@ -59,6 +60,8 @@ def _prune_and_default(value: Any, schema: dict[str, Any]) -> Any:
         keep_unknown = schema.get("x-kubernetes-preserve-unknown-fields", False)
         result: dict[str, Any] = {}
         for key, sub in value.items():
+            if sub is None and not (props.get(key) or {}).get("nullable"):
+                continue  # nulls of non-nullable fields are pruned before defaulting
             if key in props:
                 result[key] = _prune_and_default(sub, props[key])
             elif isinstance(extra, dict):

@@ -4,13 +4,16 @@ What it does (after each StatefulSet or Pod change, on the emulator's loop):
 - pods ``<sts>-<ordinal>`` for ``spec.replicas``, labelled from the pod template plus
   ``controller-revision-hash`` and owned by the StatefulSet (orphans of the same name are
   adopted, as after an ``Orphan`` delete and re-create); extra ordinals are deleted;
-  pods of an older template revision are replaced (all at once: a rolling update gap);
-- one PVC ``<template>-<sts>-<ordinal>`` per ``volumeClaimTemplates`` entry, never deleted on
-  scale-down unless ``persistentVolumeClaimRetentionPolicy.whenScaled`` is ``Delete``; owned
-  by the StatefulSet (so collected with it) only when ``whenDeleted`` is ``Delete``;
+  pods of an older template revision are replaced (all at once: a rolling update gap), except
+  under ``updateStrategy`` ``OnDelete`` (never) and below a RollingUpdate ``partition``;
+- one PVC ``<template>-<sts>-<ordinal>`` per ``volumeClaimTemplates`` entry, ``Bound`` with the
+  requested capacity, never deleted on scale-down unless
+  ``persistentVolumeClaimRetentionPolicy.whenScaled`` is ``Delete``; owned by the StatefulSet
+  (so collected with it) only when ``whenDeleted`` is ``Delete``;
 - ``status`` of the StatefulSet (replicas, readyReplicas, currentReplicas, updatedReplicas,
   availableReplicas, observedGeneration, currentRevision/updateRevision).
-New pods start ``Pending``; tests move them with ``pod_ready``, ``pod_failed``,
+New pods start ``Pending``; tests move them with ``pod_ready`` (optionally with a ``podIP``, e.g.
+a loopback address where a test serves SGLang metrics), ``pod_failed``,
 ``pod_unschedulable`` and ``pod_waiting`` (image pull errors, crash loops). Failed pods are left
 alone (the real controller recreates them; the kubelet then fails them again).
 """
@@ -83,6 +86,8 @@ class WorkloadSimulator:
         replicas = int(sts["spec"].get("replicas", 1))
         revision = _revision(sts)
         policy = sts["spec"].get("persistentVolumeClaimRetentionPolicy") or {}
+        strategy = sts["spec"].get("updateStrategy") or {}
+        partition = int((strategy.get("rollingUpdate") or {}).get("partition") or 0)
         for ordinal in range(replicas):
             pod_name = f"{name}-{ordinal}"
             pod = self.store.objects.get(("", "pods", namespace, pod_name))
@@ -91,8 +96,9 @@ class WorkloadSimulator:
                 pod = self.store.patch(self.pods, namespace, pod_name,  # adopt an orphan
                                        "application/merge-patch+json",
                                        {"metadata": {"ownerReferences": [_owner(sts)]}})
-            if pod is not None and (pod["metadata"].get("labels") or {}).get(
-                    "controller-revision-hash") != revision:
+            outdated = pod is not None and (pod["metadata"].get("labels") or {}).get(
+                "controller-revision-hash") != revision
+            if outdated and strategy.get("type") != "OnDelete" and ordinal >= partition:
                 self.store.delete(self.pods, namespace, pod_name)
                 pod = None
             if pod is None:
@@ -149,10 +155,12 @@ class WorkloadSimulator:
                                **((sts["spec"].get("selector") or {}).get("matchLabels") or {})}}
             if owners:
                 meta["ownerReferences"] = owners
-            self.store.create(self.pvcs, None, {"apiVersion": "v1",
-                                                "kind": "PersistentVolumeClaim",
-                                                "metadata": meta,
-                                                "spec": copy.deepcopy(template.get("spec"))})
+            created = self.store.create(self.pvcs, None, {
+                "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta,
+                "spec": copy.deepcopy(template.get("spec"))})
+            size = ((template.get("spec") or {}).get("resources") or {}).get("requests", {})
+            self.store.replace(self.pvcs, namespace, claim, {**created, "status": {
+                "phase": "Bound", "capacity": {"storage": size.get("storage", "0")}}}, "status")
 
     def _delete_pvcs(self, sts: Obj, ordinal: int) -> None:
         for template in sts["spec"].get("volumeClaimTemplates") or []:
@@ -165,10 +173,15 @@ class WorkloadSimulator:
         namespace = sts["metadata"]["namespace"]
         pods = [pod for _, pod in self._owned_pods(sts)]
         ready = sum(1 for p in pods if _pod_ready(p))
+        revisions = [(p["metadata"].get("labels") or {}).get("controller-revision-hash")
+                     for p in pods]
+        updated = sum(1 for r in revisions if r == revision)
+        older = next((r for r in revisions if r != revision), None)
         status = {"observedGeneration": sts["metadata"].get("generation", 1),
                   "replicas": len(pods), "readyReplicas": ready, "availableReplicas": ready,
-                  "currentReplicas": len(pods), "updatedReplicas": len(pods),
-                  "currentRevision": revision, "updateRevision": revision}
+                  "currentReplicas": len(pods) - updated if older else len(pods),
+                  "updatedReplicas": updated,
+                  "currentRevision": older or revision, "updateRevision": revision}
         with contextlib.suppress(ApiError):  # deleted in the meantime
             self.store.replace(self.sts, namespace, sts["metadata"]["name"],
                                {**sts, "status": status}, "status")
@@ -178,8 +191,9 @@ class WorkloadSimulator:
         pod = self.store.get(self.pods, namespace, name)
         return self.store.replace(self.pods, namespace, name, {**pod, "status": status}, "status")
 
-    def pod_ready(self, namespace: str, name: str) -> Obj:
+    def pod_ready(self, namespace: str, name: str, pod_ip: str | None = None) -> Obj:
         return self._set_pod_status(namespace, name, {
+            **({"podIP": pod_ip, "podIPs": [{"ip": pod_ip}]} if pod_ip else {}),
             "phase": "Running", "startTime": now_iso(),
             "conditions": [{"type": "PodScheduled", "status": "True"},
                            {"type": "Ready", "status": "True"},

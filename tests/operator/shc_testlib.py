@@ -87,15 +87,27 @@ def _validator() -> jsonschema.Draft202012Validator:
 def crd_cel_failures(cr: dict[str, Any]) -> list[tuple[str, str]]:
     """Default the CR with the generated schema, then evaluate every CEL rule on it."""
     schema = _schema()
-    return cel_failures(schema, apply_defaults(schema, cr))
+    return cel_failures(schema, apply_defaults(schema, drop_nulls(cr)))
+
+
+def drop_nulls(obj: Any) -> Any:
+    """What the API server does first with a CR: ``null`` values of fields that are not
+    ``nullable`` (none of ours is) are pruned before defaulting and validation."""
+    if isinstance(obj, dict):
+        return {k: drop_nulls(v) for k, v in obj.items() if v is not None}
+    if isinstance(obj, list):
+        return [drop_nulls(v) for v in obj]
+    return obj
 
 
 def crd_schema_errors(cr: dict[str, Any]) -> list[str]:
     """The CR checked against the CRD's openAPIV3Schema (as JSON Schema: types, enums, ranges,
-    patterns, required; x-kubernetes-* keywords are not JSON Schema and are ignored)."""
+    patterns, required; x-kubernetes-* keywords are not JSON Schema and are ignored), after
+    the API server's pruning of nulls."""
     validator = jsonschema.Draft202012Validator(openapi_schema())
     return [
-        f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(cr)
+        f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+        for e in validator.iter_errors(drop_nulls(cr))
     ]
 
 

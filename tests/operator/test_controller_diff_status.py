@@ -149,7 +149,7 @@ def test_invalid_spec_keeps_the_last_plan_and_lists_problems() -> None:
 
 
 def test_only_immutable_statefulset_changes_need_a_recreate() -> None:
-    from hicache_operator.controller.reconcile import needs_recreate
+    from hicache_operator.controller.apply import needs_recreate
 
     assert needs_recreate("StatefulSet", {"spec": {"replicas": 2, "template": {}}}) == []
     assert needs_recreate("StatefulSet", {"spec": {"volumeClaimTemplates": [],

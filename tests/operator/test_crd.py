@@ -151,7 +151,9 @@ def test_crd_metadata_printer_columns_and_subresources() -> None:
     version = crd["spec"]["versions"][0]
     assert version["subresources"]["status"] == {}
     names = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert names[:7] == ["Ready", "Replicas", "Model", "Hugepages", "L3 DRAM", "SSD", "Age"]
+    assert [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")] == [
+        "Ready", "Replicas", "Hit", "Host-Hit", "L3-Hit", "Model", "Age"]
+    assert {"Device-Hit", "L3-Writes", "Hugepages", "L3 DRAM", "SSD", "Phase"} <= set(names)
     # Every printer column path exists in the schema.
     schema = openapi_schema()
     for col in version["additionalPrinterColumns"]:
@@ -331,7 +333,7 @@ def test_cel_rules_only_touch_declared_fields_and_size_takes_sized_types() -> No
                 )
                 assert sized, f"{path}: size() of {match.group(0)} ({target}) does not compile"
                 checked += 1
-    assert checked >= 2
+    assert checked >= 1  # size(self.metadata.name); the model volume counts has() now
 
 
 def test_the_cel_type_check_catches_size_of_an_object() -> None:

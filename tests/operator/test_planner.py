@@ -444,6 +444,7 @@ def test_rank_numa_map_and_single_numa_node_verdict() -> None:
         "singleNumaNodeCompatible": True,
         "reasons": [],
         "podsPerNode": 2,
+        "podsPerNodeLimitedBy": ["gpus"],
     }
 
 

@@ -75,11 +75,15 @@ app.kubernetes.io/component: operator
 {{- end }}
 {{- end }}
 
-{{/* Cluster-scoped reads: kopf observes CRDs (and namespaces when restricted to some). */}}
+{{/* Cluster-scoped reads: kopf observes CRDs (and namespaces when restricted to some); the
+operator reads the StorageClass of an SSD claim it is asked to grow (allowVolumeExpansion). */}}
 {{- define "shc.clusterRules" -}}
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
   verbs: [list, watch]
+- apiGroups: [storage.k8s.io]
+  resources: [storageclasses]
+  verbs: [get]
 {{- if .Values.operatorConfig.watchNamespaces }}
 - apiGroups: [""]
   resources: [namespaces]
@@ -99,6 +103,11 @@ app.kubernetes.io/component: operator
 - apiGroups: [hicache.sglang.ai]
   resources: [sglanghicaches/status]
   verbs: [get, patch]
+{{- /* blockOwnerDeletion on the children's ownerReferences needs this where the
+OwnerReferencesPermissionEnforcement admission plugin is on (OpenShift). */}}
+- apiGroups: [hicache.sglang.ai]
+  resources: [sglanghicaches/finalizers]
+  verbs: [update]
 - apiGroups: [apps]
   resources: [statefulsets]
   verbs: [get, list, watch, create, patch, delete]
@@ -108,12 +117,15 @@ app.kubernetes.io/component: operator
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
   verbs: [get, list, watch, create, patch, delete]
+{{- /* Pods: status, and the pod IPs whose SGLang /metrics the operator reads over HTTP (no
+pods/proxy). SSD claims: grown when claimTemplate.size grows (patch), deleted with the CR on
+request. */}}
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch]
 - apiGroups: [""]
   resources: [persistentvolumeclaims]
-  verbs: [get, list, watch, delete]
+  verbs: [get, list, watch, patch, delete]
 - apiGroups: [""]
   resources: [events]
   verbs: [create]

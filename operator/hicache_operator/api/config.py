@@ -150,6 +150,11 @@ class NodeFacts(ApiModel):
     memory: Quantity = Field(
         default="3Ti", description="Allocatable memory per node, hugepages included."
     )
+    hugepages: dict[Literal["2Mi", "1Gi"], Quantity] = Field(
+        default_factory=dict,
+        description="Hugepages pre-allocated on the node per page size (e.g. {2Mi: 2Ti}), "
+        "for the pods-per-node count; empty: unknown (only the memory total is counted).",
+    )
 
     @property
     def memory_bytes(self) -> int:
@@ -159,6 +164,41 @@ class NodeFacts(ApiModel):
         if self.gpu_numa is not None and gpu < len(self.gpu_numa):
             return self.gpu_numa[gpu]
         return min(gpu // self.gpus_per_numa_node, self.numa_nodes - 1)
+
+
+class CacheMetricsConfig(ApiModel):
+    """How the operator reads each ready engine pod's SGLang metrics into ``status.cache``."""
+
+    enabled: bool = Field(
+        default=True,
+        description="Start SGLang with --enable-metrics and scrape /metrics on its HTTP port "
+        "on every resync (the operator must reach engine pods on that port).",
+    )
+    timeout_seconds: float = Field(
+        default=2.0, gt=0, le=30, description="Time limit of one pod's scrape."
+    )
+    window_seconds: int = Field(
+        default=300,
+        ge=1,
+        le=86400,
+        description="Hit ratios cover the scrapes of the last this many seconds.",
+    )
+    max_pods_per_resync: int = Field(
+        default=16,
+        ge=1,
+        le=1024,
+        description="Pods of one SGLangHiCache scraped per resync (larger ones rotate).",
+    )
+    max_concurrent_scrapes: int = Field(
+        default=32, ge=1, le=1024, description="Scrapes in flight across all resources."
+    )
+    min_ratio_change: float = Field(
+        default=0.02,
+        ge=0,
+        le=1,
+        description="status.cache is rewritten only when a ratio moved by at least this much "
+        "(0.02: two percentage points), so steady traffic causes no status writes.",
+    )
 
 
 class OperatorConfig(ApiModel):
@@ -190,6 +230,10 @@ class OperatorConfig(ApiModel):
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO", description="Operator log level."
+    )
+    cache_metrics: CacheMetricsConfig = Field(
+        default_factory=CacheMetricsConfig,
+        description="Scraping SGLang's cache metrics into status.cache.",
     )
 
     @classmethod

@@ -116,6 +116,19 @@ def openapi_schema() -> Schema:
     }
 
 
+def _ratio_column(name: str, tier: str, description: str, priority: int = 0) -> Schema:
+    column: Schema = {
+        "name": name,
+        "type": "number",
+        "description": description,
+        "jsonPath": f".status.cache.hitRatio.{tier}",
+    }
+    if priority:
+        column["priority"] = priority
+    return column
+
+
+# The cache first: hit ratios by tier are what no other serving operator shows in its resource.
 PRINTER_COLUMNS: list[Schema] = [
     {
         "name": "Ready",
@@ -129,31 +142,45 @@ PRINTER_COLUMNS: list[Schema] = [
         "description": "Desired pods.",
         "jsonPath": ".spec.replicas",
     },
+    _ratio_column("Hit", "total", "Prompt tokens served from any cache tier (last window)."),
+    _ratio_column("Host-Hit", "host", "Prompt tokens served from the L2 host pool."),
+    _ratio_column("L3-Hit", "storage", "Prompt tokens served from L3 (UMBP DRAM + SSD)."),
     {
         "name": "Model",
         "type": "string",
         "description": "Served model.",
         "jsonPath": ".spec.model.path",
     },
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    _ratio_column("Device-Hit", "device", "Prompt tokens served from the GPU KV cache.", 1),
+    {
+        "name": "L3-Writes",
+        "type": "string",
+        "description": "Failing when L3 refuses the pages SGLang backs up.",
+        "priority": 1,
+        "jsonPath": ".status.cache.l3Writes",
+    },
     {
         "name": "Hugepages",
         "type": "string",
         "description": "Hugepages per pod.",
+        "priority": 1,
         "jsonPath": ".status.plan.hugepagesPerPod",
     },
     {
         "name": "L3 DRAM",
         "type": "string",
         "description": "UMBP DRAM per pod.",
+        "priority": 1,
         "jsonPath": ".spec.l3.dram.capacity",
     },
     {
         "name": "SSD",
         "type": "string",
         "description": "UMBP SSD per pod.",
+        "priority": 1,
         "jsonPath": ".spec.l3.ssd.capacity",
     },
-    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {
         "name": "Phase",
         "type": "string",

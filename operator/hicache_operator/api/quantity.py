@@ -38,6 +38,12 @@ QUANTITY_PATTERN = (
 _QUANTITY_RE = re.compile(QUANTITY_PATTERN)
 
 
+#: The largest byte count a quantity may denote: Kubernetes stores quantities' values as int64
+#: (``resource.Quantity.Value()``), and every size here ends up in a pod or a byte-exact env
+#: variable. Larger values (``1e400`` passes the quantity grammar) are refused, not overflowed.
+MAX_BYTES = 2**63 - 1
+
+
 class QuantityError(ValueError):
     """A quantity that is not a valid, whole, non-negative number of bytes."""
 
@@ -55,6 +61,8 @@ def parse_bytes(value: int | str, *, field: str = "quantity") -> int:
     if isinstance(value, int):
         if value < 0:
             raise QuantityError(f"{field}: {value} is negative")
+        if value > MAX_BYTES:
+            raise QuantityError(f"{field}: {value} is more than {MAX_BYTES} bytes (8 EiB)")
         return value
     if not isinstance(value, str):
         raise QuantityError(f"{field}: {value!r} is not a quantity (int or string like '200Gi')")
@@ -73,6 +81,11 @@ def parse_bytes(value: int | str, *, field: str = "quantity") -> int:
         scaled = number * DECIMAL_SUFFIXES[suffix]
     else:  # exponent form, e.g. 1e9
         scaled = number * Fraction(10) ** int(suffix[1:].lstrip("+"))
+    if scaled > MAX_BYTES:
+        raise QuantityError(
+            f"{field}: {value!r} is more than {MAX_BYTES} bytes (8 EiB), the largest quantity "
+            f"Kubernetes can hold"
+        )
     if scaled.denominator != 1:
         raise QuantityError(f"{field}: {value!r} is {float(scaled)} bytes, not a whole number")
     return int(scaled)
@@ -98,11 +111,11 @@ def format_bytes(n: int) -> str:
 
 def human_bytes(n: int) -> str:
     """A short human reading for summaries (``1.50 TiB``); never used in manifests."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if value < 1024 or unit == "PiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
+    for power, unit in enumerate(("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")):
+        if n < 1024 ** (power + 1) or unit == "EiB":
+            # Integer scaling first: a float of an arbitrary int can overflow.
+            value = n / 1024**power if n < 2**1000 else float("inf")
+            return f"{n} B" if power == 0 else f"{value:.2f} {unit}"
     return f"{n} B"  # pragma: no cover - loop always returns
 
 

@@ -11,17 +11,19 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
+from .k8s import Affinity, EnvVarSource, ModelVolumeSource, UpdateStrategy
 from .types import (
+    DNS1123_SUBDOMAIN,
     ApiModel,
     AutoCpu,
     AutoQuantity,
     GpuModelName,
     HugePageSize,
-    PassThrough,
     Quantity,
     Toleration,
-    VolumeSourceMap,
 )
+
+MODEL_VOLUME_KINDS = tuple(str(f.alias) for f in ModelVolumeSource.model_fields.values())
 
 
 def _rules(*rules: tuple[str, str]) -> ConfigDict:
@@ -43,8 +45,8 @@ class EnvVar(ApiModel):
         "POD_NAMESPACE, SGLANG_DP_RANK, SGLANG_DP_SIZE) are rejected.",
     )
     value: str | None = Field(default=None, description="Literal value.")
-    value_from: PassThrough | None = Field(
-        default=None, description="Source for the value (core/v1 EnvVarSource), passed through."
+    value_from: EnvVarSource | None = Field(
+        default=None, description="Source for the value (core/v1 EnvVarSource)."
     )
 
 
@@ -53,8 +55,10 @@ class ModelSource(ApiModel):
 
     model_config = _rules(
         (
-            "!has(self.volume) || size(self.volume) == 1",
-            "volume must hold exactly one volume source (e.g. persistentVolumeClaim)",
+            "!has(self.volume) || "
+            + " + ".join(f"(has(self.volume.{k}) ? 1 : 0)" for k in MODEL_VOLUME_KINDS)
+            + " == 1",
+            "volume must hold exactly one volume source (" + ", ".join(MODEL_VOLUME_KINDS) + ")",
         ),
     )
 
@@ -64,17 +68,19 @@ class ModelSource(ApiModel):
         description="Model id or path handed to SGLang --model-path. With a volume, a path "
         "under mountPath (e.g. /models/DeepSeek-R1); without one, a Hugging Face id.",
     )
-    volume: VolumeSourceMap | None = Field(
+    volume: ModelVolumeSource | None = Field(
         default=None,
-        description="Volume source holding the weights (core/v1 VolumeSource, e.g. "
-        "persistentVolumeClaim), mounted read-only at mountPath. hostPath is accepted only "
-        "under a prefix the operator's admin policy allows.",
+        description="Volume source holding the weights (one of persistentVolumeClaim, nfs, "
+        "csi, hostPath, image, ephemeral), mounted read-only at mountPath. hostPath is accepted "
+        "only under a prefix the operator's admin policy allows.",
     )
     mount_path: str = Field(
         default="/models",
         pattern=r"^/[^:]*$",
         max_length=512,
-        description="Where the model volume is mounted in the engine container.",
+        description="Where the model volume is mounted in the engine container; not a path "
+        "the operator mounts itself (/dev/shm, /var/run/hicache, /var/run/umbp, /mnt/umbp-ssd) "
+        "nor inside or above one.",
     )
 
 
@@ -394,13 +400,16 @@ class Placement(ApiModel):
         description="Extra tolerations (the GPU taint is tolerated already; amd-gpu-unhealthy "
         "never is by default).",
     )
-    affinity: PassThrough | None = Field(
+    affinity: Affinity | None = Field(
         default=None,
         description="Pod affinity (core/v1 Affinity); required node terms are combined "
         "with the GPU model terms.",
     )
     priority_class_name: str | None = Field(
-        default=None, max_length=253, description="PriorityClass."
+        default=None,
+        max_length=253,
+        pattern=DNS1123_SUBDOMAIN,
+        description="PriorityClass (a DNS-1123 subdomain: lower-case letters, digits, '-', '.').",
     )
 
 
@@ -445,6 +454,10 @@ class SGLangHiCacheSpec(ApiModel):
     )
     replicas: int = Field(
         default=1, ge=0, le=1024, description="Pods; each pod is one SGLang server."
+    )
+    update_strategy: UpdateStrategy = Field(
+        default_factory=UpdateStrategy,
+        description="How running pods are replaced when the pod template changes.",
     )
     engine: Engine = Field(default_factory=Engine, description="Parallelism and serving.")
     hi_cache: HiCache = Field(description="L2 host pool and HiCache policies.")

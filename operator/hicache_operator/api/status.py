@@ -47,7 +47,13 @@ class TopologyPlan(ApiModel):
         description="Whether the pod can pass the single-numa-node Topology Manager policy."
     )
     reasons: list[str] = Field(default_factory=list, description="Why not, when not.")
-    pods_per_node: int = Field(description="Pods of this size that fit one node's GPUs.")
+    pods_per_node: int = Field(
+        description="Pods of this size that fit one node (GPUs, CPUs, memory and hugepages "
+        "of the assumed node facts)."
+    )
+    pods_per_node_limited_by: list[str] = Field(
+        default_factory=list, description="The node resources that limit podsPerNode."
+    )
 
 
 class PlanStatus(ApiModel):
@@ -68,17 +74,47 @@ class PlanStatus(ApiModel):
 
 
 class CacheTier(ApiModel):
-    """Capacity (and later hit rate) of one cache tier."""
+    """Planned capacity of one cache tier, per pod."""
 
-    tier: Literal["L2", "L3-DRAM", "L3-SSD"] = Field(description="Tier name.")
-    capacity_bytes: int = Field(description="Capacity per pod in bytes (0: unknown).")
-    hit_rate: float | None = Field(default=None, ge=0, le=1, description="Hit rate, when reported.")
+    tier: Literal["Host", "L3-DRAM", "L3-SSD"] = Field(
+        description="Host: SGLang's L2 host pool (all ranks); L3-DRAM and L3-SSD: UMBP."
+    )
+    capacity_bytes: int = Field(description="Capacity per pod in bytes.")
+
+
+class CacheHitRatio(ApiModel):
+    """Share of prompt tokens served from cache over the last window (0..1)."""
+
+    total: float | None = Field(default=None, description="From any cache tier.")
+    device: float | None = Field(default=None, description="From the GPU KV cache.")
+    host: float | None = Field(default=None, description="From the L2 host pool.")
+    storage: float | None = Field(
+        default=None, description="From L3 (UMBP DRAM and SSD; SGLang does not tell them apart)."
+    )
 
 
 class CacheStatus(ApiModel):
-    """Cache tiers as configured (and observed, later)."""
+    """The cache: planned capacity per tier and what the engines report (``--enable-metrics``)."""
 
-    tiers: list[CacheTier] = Field(default_factory=list, description="Per-tier figures.")
+    tiers: list[CacheTier] = Field(default_factory=list, description="Capacity per tier.")
+    hit_ratio: CacheHitRatio | None = Field(
+        default=None,
+        description="Hit ratios by tier over the last windowSeconds, all pods together; "
+        "rewritten only when one moves by the operator's minRatioChange.",
+    )
+    host_used_ratio: float | None = Field(
+        default=None, description="Share of the L2 host pools in use, all pods together."
+    )
+    l3_writes: Literal["Ok", "Failing"] | None = Field(
+        default=None,
+        description="Failing when L3 stores fewer than half the pages written to L2 (or "
+        "drops backups): the UMBP store refuses writes (an Event says so).",
+    )
+    window_seconds: int | None = Field(default=None, description="Window of the ratios.")
+    pods: int | None = Field(default=None, description="Pods whose metrics were read.")
+    message: str | None = Field(
+        default=None, description="Why some pods' metrics could not be read."
+    )
 
 
 class SGLangHiCacheStatus(ApiModel):
@@ -88,7 +124,9 @@ class SGLangHiCacheStatus(ApiModel):
     phase: Phase | None = Field(
         default=None, description="Pending, Progressing, Ready, Degraded or Invalid."
     )
-    replicas: int | None = Field(default=None, description="Pods that exist.")
+    replicas: int | None = Field(
+        default=None, description="Pods that exist (read by the scale subresource)."
+    )
     ready_replicas: int | None = Field(default=None, description="Pods that are ready.")
     message: str | None = Field(default=None, description="Short human summary.")
     conditions: list[Condition] = Field(
@@ -97,4 +135,6 @@ class SGLangHiCacheStatus(ApiModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     plan: PlanStatus | None = Field(default=None, description="The computed plan.")
-    cache: CacheStatus | None = Field(default=None, description="Cache tiers.")
+    cache: CacheStatus | None = Field(
+        default=None, description="Cache capacity per tier and live hit ratios."
+    )

@@ -110,28 +110,31 @@ AutoCpu = Annotated[
     WithJsonSchema({**_INT_OR_STRING, "pattern": "^(auto|[1-9][0-9]*)$"}),
 ]
 
-# Kubernetes objects the operator passes through verbatim (VolumeSource, Affinity, EnvVarSource):
-# the API server keeps their fields, the built-in object validation catches mistakes.
-PassThrough = Annotated[
-    dict[str, Any],
-    WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
+def _check_int_or_percent(value: int | str) -> int | str:
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is a boolean, not a number or percentage")
+    if isinstance(value, int):
+        if value < 1:
+            raise ValueError(f"{value} must be at least 1")
+        return value
+    if not (value.endswith("%") and value[:-1].isdigit() and 1 <= int(value[:-1]) <= 100):
+        raise ValueError(f"{value!r} is neither a whole number >= 1 nor a percentage 1%-100%")
+    return value
+
+
+# A count of pods or a percentage of replicas (intstr.IntOrString), e.g. 2 or "25%".
+IntOrPercent = Annotated[
+    int | str,
+    BeforeValidator(_reject_bool),
+    AfterValidator(_check_int_or_percent),
+    WithJsonSchema({**_INT_OR_STRING, "pattern": "^([1-9][0-9]*%?)$"}),
 ]
-# A core/v1 VolumeSource: one member (persistentVolumeClaim, nfs, ...), each an object passed
-# through. Declared as a map of objects, not a bare preserve-unknown-fields object, because the
-# API server types the latter as a CEL object with no fields: `size(self.volume)` would not
-# compile and the whole CRD would be rejected.
-VolumeSourceMap = Annotated[
-    dict[str, dict[str, Any]],
-    WithJsonSchema(
-        {
-            "type": "object",
-            "additionalProperties": {
-                "type": "object",
-                "x-kubernetes-preserve-unknown-fields": True,
-            },
-        }
-    ),
-]
+
+# apimachinery's DNS-1123 subdomain (object names such as a PriorityClass): lower-case
+# alphanumerics, '-' and '.', starting and ending alphanumeric, at most 253 characters.
+DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
 
 class Toleration(ApiModel):

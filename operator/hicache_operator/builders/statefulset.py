@@ -21,6 +21,7 @@ from ..planner.engine import (
     sidecar_socket,
     standalone_server_command,
 )
+from ..planner.k8s_checks import SHM_PATH
 from ..planner.security import (
     engine_security_context,
     pod_security_context,
@@ -66,7 +67,7 @@ def _engine_container(b: BuildInput) -> dict[str, Any]:
     spec = b.spec
     standalone = spec.l3.mode == "standalone"
     mounts: list[dict[str, Any]] = [
-        {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
+        {"name": SHM_VOLUME, "mountPath": SHM_PATH},
         {"name": RUN_VOLUME, "mountPath": REPORT_DIR},
     ]
     if spec.model.volume is not None:
@@ -162,13 +163,32 @@ def _volumes(b: BuildInput) -> list[dict[str, Any]]:
         {"name": RUN_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}},
     ]
     if spec.model.volume is not None:
-        vols.append({"name": MODEL_VOLUME, **spec.model.volume})
+        vols.append(
+            {"name": MODEL_VOLUME, **spec.model.volume.model_dump(by_alias=True, exclude_none=True)}
+        )
     if b.ssd.enabled and b.ssd.pod_volume is not None:
         vols.append(dict(b.ssd.pod_volume))
     if spec.l3.mode == "standalone":
         vols.append({"name": SOCKET_VOLUME, "emptyDir": {"sizeLimit": "16Mi"}})
         vols.append({"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "1Gi"}})
     return vols
+
+
+def _update_strategy(b: BuildInput) -> dict[str, Any]:
+    strategy = b.spec.update_strategy
+    if strategy.type == "OnDelete":
+        return {"type": "OnDelete"}
+    out: dict[str, Any] = {"type": "RollingUpdate"}
+    rolling = strategy.rolling_update
+    if rolling is not None:
+        fields: dict[str, Any] = {}
+        if rolling.partition:
+            fields["partition"] = rolling.partition
+        if rolling.max_unavailable is not None:
+            fields["maxUnavailable"] = rolling.max_unavailable
+        if fields:
+            out["rollingUpdate"] = fields
+    return out
 
 
 def build_statefulset(b: BuildInput) -> dict[str, Any]:
@@ -201,7 +221,7 @@ def build_statefulset(b: BuildInput) -> dict[str, Any]:
         "replicas": spec.replicas,
         "podManagementPolicy": "Parallel",
         "revisionHistoryLimit": 5,
-        "updateStrategy": {"type": "RollingUpdate"},
+        "updateStrategy": _update_strategy(b),
         "selector": {"matchLabels": b.selector()},
         "template": {
             "metadata": {

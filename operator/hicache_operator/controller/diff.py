@@ -100,6 +100,17 @@ def with_last_applied(desired: Obj) -> Obj:
     return dict(out)
 
 
+def without_last_applied(obj: Mapping[str, Any]) -> Obj:
+    """``obj`` without its ``LAST_APPLIED`` annotation (shallow copies on the way down)."""
+    meta = dict(obj.get("metadata") or {})
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != LAST_APPLIED}
+    if annotations:
+        meta["annotations"] = annotations
+    else:
+        meta.pop("annotations", None)
+    return {**obj, "metadata": meta}
+
+
 def apply_patch(desired: Obj, live: Mapping[str, Any]) -> Obj | None:
     """The merge patch turning ``live`` into ``desired`` (``None`` when nothing differs).
 

@@ -1,19 +1,25 @@
 """Kopf handlers: thin glue between kopf's triggers and ``Reconciler``.
 
-- create/update(spec)/resume of an SGLangHiCache: reconcile; spec errors are a
-  ``PermanentError`` (after ``SpecValid=False`` and an Event), API trouble a ``TemporaryError``
-  with a delay (kopf retries it);
-- a timer (``SGLANG_HICACHE_RESYNC_SECONDS``, default 60) re-reconciles: drift correction and
-  status; an unchanged world writes nothing;
+- every event of an SGLangHiCache (listing at start, create, spec change): reconcile when its
+  ``metadata.generation`` was not reconciled yet (our own status writes do not re-trigger);
+- a timer (``SGLANG_HICACHE_RESYNC_SECONDS``, default 60) re-reconciles: drift correction,
+  status and the cache figures scraped from the pods; an unchanged world writes nothing;
+- API trouble is retried in memory with a backoff (1 s ... 60 s), never by writing to the CR;
 - child events (StatefulSet, Services, ConfigMap, PDB) reconcile the owner when they show drift
   from what was last applied; pod and StatefulSet events refresh the owner's status;
 - delete: children go (PVCs only when the CR asks), then kopf releases the finalizer.
+
+Why ``on.event`` and not kopf's create/update/resume handlers: those keep handler progress and
+the last-handled spec in annotations of the CR, and under load kopf can handle an event older
+than its own annotation patch (after ``consistency_timeout``), treat it as a new creation and
+write the annotations again: ``PATCH sglanghicaches`` in a resync where nothing changed. The
+reconcile is level-triggered (it reads the CR afresh and writes only differences), so it needs
+no diff-base; kopf's only write to the CR is the finalizer, once (``settings.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,6 +32,7 @@ from ..api import API_VERSION as CR_API_VERSION
 from ..api import GROUP, KIND, PLURAL, VERSION, OperatorConfig
 from . import settings as operator_settings
 from .kube import CHILD_KINDS, KubeClient, KubeError
+from .logs import cr_logger, log
 from .reconcile import (
     APP_NAME,
     COMPONENT_LABEL,
@@ -39,7 +46,8 @@ from .reconcile import (
 )
 
 RESYNC_SECONDS = float(os.environ.get("SGLANG_HICACHE_RESYNC_SECONDS", "60"))
-log = logging.getLogger("hicache_operator.controller")
+RETRY_DELAYS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)  # per consecutive failure of one CR
+TRANSIENT = (KubeError, aiohttp.ClientError, asyncio.TimeoutError)
 
 
 @dataclass
@@ -50,6 +58,7 @@ class Runtime:
 
 _info: kopf.ConnectionInfo | None = None
 _runtime: Runtime | None = None
+_retries: dict[tuple[str, str], asyncio.Task[None]] = {}
 
 
 def runtime() -> Runtime:
@@ -68,10 +77,11 @@ async def configure(settings: kopf.OperatorSettings, logger: kopf.Logger, **_: A
     global _runtime
     _runtime = None  # a fresh reconciler per operator run (KopfRunner reuses the process)
     config = OperatorConfig.from_env()  # fail fast on a bad configuration file
-    logging.getLogger("hicache_operator").setLevel(config.log_level)
+    log.setLevel(config.log_level)
     operator_settings.configure(settings)
-    logger.info("sglang-hicache operator configured: resync every %ss, image %s",
-                RESYNC_SECONDS, config.default_image)
+    logger.info("sglang-hicache operator configured: resync every %ss, image %s, cache "
+                "metrics %s", RESYNC_SECONDS, config.default_image,
+                "on" if config.cache_metrics.enabled else "off")
 
 
 @kopf.on.login()
@@ -84,7 +94,11 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 @kopf.on.cleanup()
 async def close(**_: Any) -> None:
     global _runtime
+    for task in list(_retries.values()):
+        task.cancel()
+    _retries.clear()
     if _runtime is not None:
+        await _runtime.reconciler.close()
         await _runtime.kube.close()
     _runtime = None
 
@@ -96,43 +110,60 @@ def _post(body: Mapping[str, Any], result: Result) -> None:
                    message=event.message)
 
 
-def _temporary(exc: Exception) -> kopf.TemporaryError:
-    if isinstance(exc, KubeError):
-        delay = {409: 1.0, 429: 5.0}.get(exc.status, 2.0 if exc.status >= 500 else 5.0)
-    else:
-        delay = 2.0
-    return kopf.TemporaryError(f"Kubernetes API trouble, retrying in {delay:g}s: {exc}",
-                               delay=delay)
-
-
-async def _reconcile(body: Mapping[str, Any], trigger: str) -> Result:
+async def _reconcile(body: Mapping[str, Any], trigger: str) -> None:
+    """One reconcile; transient API trouble schedules a retry with backoff instead."""
+    meta = body["metadata"]
+    key = (meta["namespace"], meta["name"])
     try:
         result = await runtime().reconciler.reconcile(body, trigger)
-    except (KubeError, aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        raise _temporary(exc) from exc
+    except TRANSIENT as exc:
+        _schedule_retry(key, exc)
+        return
+    runtime().reconciler.succeeded(key)
     _post(body, result)
-    return result
 
 
-@kopf.on.resume(GROUP, VERSION, PLURAL)
-@kopf.on.create(GROUP, VERSION, PLURAL)
-@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-async def apply(body: kopf.Body, reason: str, **_: Any) -> None:
-    result = await _reconcile(body, str(reason))
-    if not result.valid:
-        raise kopf.PermanentError("the spec is invalid; see status.conditions[SpecValid]")
+def _schedule_retry(key: tuple[str, str], exc: BaseException) -> None:
+    attempt = runtime().reconciler.failed(key)
+    delay = RETRY_DELAYS[min(attempt, len(RETRY_DELAYS)) - 1]
+    if isinstance(exc, KubeError) and exc.status == 429:
+        delay = max(delay, 5.0)
+    cr_logger(*key).warning("Kubernetes API trouble (attempt %d), retrying in %gs: %s",
+                            attempt, delay, exc)
+    if key in _retries and not _retries[key].done():
+        return  # one pending retry per CR is enough: it reads the CR afresh
+
+    async def retry() -> None:
+        await asyncio.sleep(delay)
+        _retries.pop(key, None)
+        await _refresh(key, "retry")
+
+    _retries[key] = asyncio.create_task(retry())
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def cr_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+    meta = body["metadata"]
+    reconciler = runtime().reconciler
+    if type == "DELETED":
+        reconciler.forget(meta["namespace"], meta["name"])
+        return
+    if meta.get("deletionTimestamp"):
+        return  # the delete handler owns it from here
+    if operator_settings.FINALIZER not in (meta.get("finalizers") or []):
+        return  # kopf adds the finalizer first (the timer needs it); its event comes next
+    trigger = reconciler.trigger_for(meta, listed=type is None)
+    if trigger is not None:
+        await _reconcile(body, trigger)
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
-async def resync(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
-    try:
-        await _reconcile(body, "timer")
-    except kopf.TemporaryError as exc:
-        logger.warning("resync deferred: %s", exc)
+async def resync(body: kopf.Body, **_: Any) -> None:
+    await _reconcile(body, "timer")
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
-async def delete(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
+async def delete(body: kopf.Body, **_: Any) -> None:
     kube = runtime().kube
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
@@ -151,20 +182,21 @@ async def delete(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
                     owned = any(r.get("uid") == uid for r in refs)
                     if owned or kind == "PersistentVolumeClaim":
                         await kube.delete(api_version, kind, namespace, obj["metadata"]["name"])
-    except (KubeError, aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        raise _temporary(exc) from exc
+    except TRANSIENT as exc:
+        raise kopf.TemporaryError(f"Kubernetes API trouble while deleting children: {exc}",
+                                  delay=5) from exc
     runtime().reconciler.forget(namespace, name)
-    logger.info("deleted the children of %s/%s", namespace, name)
+    cr_logger(namespace, name).info("deleted the children")
 
 
 # ---------------------------------------------------------------------- children and pods
-async def _refresh(owner: tuple[str, str] | None, trigger: str, logger: kopf.Logger) -> None:
+async def _refresh(owner: tuple[str, str] | None, trigger: str) -> None:
     if owner is None:
         return
     reconciler = runtime().reconciler
     state = reconciler.crs.get(owner)
     if state is None or state.queued:
-        return  # unknown here (resume will reconcile it) or a refresh is already waiting
+        return  # unknown here (its own event will reconcile it) or a refresh is already waiting
     state.queued = True
     try:
         async with state.lock:  # let the in-flight reconcile finish; then read the CR afresh
@@ -173,13 +205,11 @@ async def _refresh(owner: tuple[str, str] | None, trigger: str, logger: kopf.Log
         state.queued = False
     try:
         body = await runtime().kube.get(CR_API_VERSION, KIND, owner[0], owner[1])
-        if body is None:
-            return
-        result = await runtime().reconciler.reconcile(body, trigger)
-    except (KubeError, aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        logger.warning("%s refresh of %s/%s deferred: %s", trigger, *owner, exc)
+    except TRANSIENT as exc:
+        _schedule_retry(owner, exc)
         return
-    _post(body, result)
+    if body is not None:
+        await _reconcile(body, trigger)
 
 
 _CHILD_LABELS = {NAME_LABEL: APP_NAME}
@@ -189,19 +219,18 @@ _CHILD_LABELS = {NAME_LABEL: APP_NAME}
 @kopf.on.event("", "v1", "services", labels=_CHILD_LABELS)
 @kopf.on.event("", "v1", "configmaps", labels=_CHILD_LABELS)
 @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=_CHILD_LABELS)
-async def child_changed(body: kopf.Body, type: str, logger: kopf.Logger,
-                        **_: Any) -> None:
+async def child_changed(body: kopf.Body, type: str, **_: Any) -> None:
     reconciler = runtime().reconciler
     owner = reconciler.drifted(body, type)
     if owner is not None:
-        await _refresh(owner, "drift", logger)
+        await _refresh(owner, "drift")
     elif body.get("kind") == "StatefulSet":  # its status feeds the CR's status
-        await _refresh(reconciler.owner_of(body), "status", logger)
+        await _refresh(reconciler.owner_of(body), "status")
 
 
 @kopf.on.event("", "v1", "pods", labels=_CHILD_LABELS)
-async def pod_changed(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
+async def pod_changed(body: kopf.Body, **_: Any) -> None:
     labels = body["metadata"].get("labels") or {}
     instance = labels.get(INSTANCE_LABEL)
     if instance:
-        await _refresh((body["metadata"]["namespace"], instance), "pods", logger)
+        await _refresh((body["metadata"]["namespace"], instance), "pods")

@@ -29,14 +29,22 @@ PERMISSIONS: tuple[Permission, ...] = (
     # The custom resource: kopf watches it, patches finalizers/annotations, we patch status.
     ("hicache.sglang.ai", "sglanghicaches", ("get", "list", "watch", "patch")),
     ("hicache.sglang.ai", "sglanghicaches/status", ("get", "patch")),
+    # Children's ownerReferences set blockOwnerDeletion: where the
+    # OwnerReferencesPermissionEnforcement admission plugin is on (OpenShift), that needs
+    # update on the owner's finalizers subresource.
+    ("hicache.sglang.ai", "sglanghicaches/finalizers", ("update",)),
     # Children the planner renders (apply = get/list/create/patch; prune = delete).
     ("apps", "statefulsets", _WRITE),
     ("", "services", _WRITE),
     ("", "configmaps", _WRITE),
     ("policy", "poddisruptionbudgets", _WRITE),
-    # Observed for status; PVCs are deleted with the CR only when the CR asks for it.
+    # Observed for status (and the pod IPs whose SGLang /metrics the operator reads over
+    # HTTP: no pods/proxy); SSD PVCs are expanded when claimTemplate.size grows (patch) and
+    # deleted with the CR only when the CR asks for it.
     ("", "pods", ("get", "list", "watch")),
-    ("", "persistentvolumeclaims", ("get", "list", "watch", "delete")),
+    ("", "persistentvolumeclaims", ("get", "list", "watch", "patch", "delete")),
+    # Whether an SSD claim's StorageClass allows volume expansion (cluster-scoped).
+    ("storage.k8s.io", "storageclasses", ("get",)),
     # Events (kopf posts them to core v1).
     ("", "events", ("create",)),
     # kopf: resource scanning and namespace patterns.
@@ -56,6 +64,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
     ("v1", "Pod"): "pods",
     ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
+    ("storage.k8s.io/v1", "StorageClass"): "storageclasses",
 }
 CHILD_KINDS: tuple[tuple[str, str], ...] = (
     ("apps/v1", "StatefulSet"), ("v1", "Service"), ("v1", "ConfigMap"),

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import socket
 import zlib
@@ -18,7 +17,7 @@ from collections.abc import Sequence
 import kopf
 
 from ..api import OperatorConfig
-from . import metrics
+from . import logs, metrics
 from .settings import PEERING_NAME
 
 
@@ -60,8 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = OperatorConfig.from_env()
     namespaces = list(args.namespace) or list(config.watch_namespaces)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else config.log_level,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.setup(config.log_level, verbose=args.verbose)
     metrics.serve(args.metrics_port)
     asyncio.run(kopf.operator(
         standalone=args.standalone,

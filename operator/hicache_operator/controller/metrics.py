@@ -7,6 +7,8 @@
 - ``hicache_operator_writes_total{verb,kind}``: creates/patches/deletes it issued.
 - ``hicache_operator_managed_objects{kind}``: children currently rendered across all CRs.
 - ``hicache_operator_resources{phase}``: CRs per status phase.
+- ``hicache_operator_cache_scrapes_total{result}``: SGLang /metrics scrapes of engine pods.
+- ``hicache_operator_cache_scrape_duration_seconds``: histogram of one pod's scrape.
 """
 
 from __future__ import annotations
@@ -32,6 +34,14 @@ MANAGED_OBJECTS = prometheus_client.Gauge(
     ("kind",), registry=REGISTRY)
 RESOURCES = prometheus_client.Gauge(
     "hicache_operator_resources", "SGLangHiCache resources by status phase", ("phase",),
+    registry=REGISTRY)
+
+CACHE_SCRAPES = prometheus_client.Counter(
+    "hicache_operator_cache_scrapes", "Scrapes of engine pods' SGLang /metrics", ("result",),
+    registry=REGISTRY)
+CACHE_SCRAPE_SECONDS = prometheus_client.Histogram(
+    "hicache_operator_cache_scrape_duration_seconds", "Time to scrape one engine pod",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
     registry=REGISTRY)
 
 _started: set[int] = set()

@@ -1,26 +1,35 @@
-"""One reconcile of one SGLangHiCache: plan, apply children, prune, observe, write status.
+"""One reconcile of one SGLangHiCache: plan, grow SSD claims, apply children, prune, observe,
+write status.
 
 Kopf-free: the handlers call ``Reconciler.reconcile(body, trigger)`` and post the returned
 events. Reads are one LIST per child kind (by the instance label) plus pods and PVCs; writes
-happen only for what differs (see ``diff``), so an unchanged world costs zero writes.
+happen only for what differs (see ``diff`` and ``apply``), so an unchanged world costs zero
+writes. A spec the planner refuses, or on which it fails, becomes ``SpecValid=False`` (written
+once: an unchanged status is not rewritten); a child the API server refuses becomes
+``Degraded``/``ObjectRejected`` with a backoff; neither is ever retried in a hot loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
+import traceback
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+import aiohttp
 
 from ..api import API_VERSION, KIND
 from ..planner.errors import SpecError
-from . import diff, metrics, status
+from . import diff, metrics, status, volumes
+from .apply import ChildKey, ChildMemory, ChildWriter
+from .cache_observer import CacheObservation, CacheObserver
 from .kube import CHILD_KINDS, KubeClient, KubeError
+from .logs import cr_logger
+from .transitions import Event, transition_events
 
 Obj = dict[str, Any]
-ChildKey = tuple[str, str, str]  # apiVersion, kind, name
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 NAME_LABEL = "app.kubernetes.io/name"
 COMPONENT_LABEL = "app.kubernetes.io/component"
@@ -28,14 +37,10 @@ APP_NAME = "sglang-hicache"
 SSD_CLAIM_COMPONENT = "cache"  # the component label of the SSD volumeClaimTemplates
 # A CR that sets this (spec.l3.ssd.volume.claimTemplate.<field>) has its SSD PVCs deleted with it.
 DELETE_VOLUMES_FIELD = "deleteWithResource"
-log = logging.getLogger("hicache_operator.controller")
-
-
-@dataclass
-class Event:
-    type: str  # Normal | Warning
-    reason: str
-    message: str
+# Reconciles in flight at once: 200 CRs created together otherwise hold 200 plans, request
+# bodies and responses in memory at the same time (peak RSS), for no throughput gain on an
+# operator that is CPU-bound in one process.
+MAX_CONCURRENT_RECONCILES = 16
 
 
 @dataclass
@@ -54,6 +59,11 @@ class _CrState:
     queued: bool = False  # a status/drift refresh is already waiting for the lock
     deleting: bool = False  # the delete handler runs: nothing may recreate children
     phase: str = ""  # last computed status.phase (for the resources-by-phase gauge)
+    # (state.desired: what was applied, minus the last-applied annotation; for drift checks)
+    generation: int | None = None  # the last generation reconciled without API trouble
+    failures: int = 0  # consecutive reconciles that hit API trouble
+    children: ChildMemory = field(default_factory=ChildMemory)
+    planner_failure: str = ""  # the unexpected planner error last logged (logged once)
 
 
 def _claim_template(body: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -73,22 +83,6 @@ def instance_selector(name: str) -> str:
     return f"{NAME_LABEL}={APP_NAME},{INSTANCE_LABEL}={name}"
 
 
-# StatefulSet spec fields the API server refuses to update (everything but replicas, ordinals,
-# template, updateStrategy, revisionHistoryLimit, persistentVolumeClaimRetentionPolicy and
-# minReadySeconds). Changing one means: delete the StatefulSet orphaning its pods, create it
-# anew; the new one adopts the running pods and rolls them if the template changed too.
-STATEFULSET_UPDATABLE = frozenset({"replicas", "ordinals", "template", "updateStrategy",
-                                   "revisionHistoryLimit", "persistentVolumeClaimRetentionPolicy",
-                                   "minReadySeconds"})
-
-
-def needs_recreate(kind: str, patch: Mapping[str, Any]) -> list[str]:
-    """The immutable fields a patch would change (empty: a patch is enough)."""
-    if kind != "StatefulSet":
-        return []
-    return sorted(set(patch.get("spec") or {}) - STATEFULSET_UPDATABLE)
-
-
 def _key(obj: Mapping[str, Any]) -> ChildKey:
     return (obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
 
@@ -106,12 +100,41 @@ class Reconciler:
                  plan_fn: Callable[[Mapping[str, Any], Any], Any] = _default_plan) -> None:
         self.kube, self.config, self.plan_fn = kube, config, plan_fn
         self.crs: dict[tuple[str, str], _CrState] = {}
+        self.writer = ChildWriter(kube)
+        self.observer = CacheObserver(config.cache_metrics)
+        self._slots: asyncio.Semaphore | None = None
 
     def _state(self, namespace: str, name: str, uid: str) -> _CrState:
         state = self.crs.get((namespace, name))
         if state is None or state.uid != uid:
             state = self.crs[(namespace, name)] = _CrState(uid)
+            self.observer.forget((namespace, name))
         return state
+
+    async def close(self) -> None:
+        await self.observer.close()
+
+    def trigger_for(self, meta: Mapping[str, Any], listed: bool) -> str | None:
+        """Why an event of the CR needs a reconcile (None: its generation was reconciled)."""
+        state = self.crs.get((meta["namespace"], meta["name"]))
+        if state is None or state.uid != meta.get("uid"):
+            return "resume" if listed else "create"
+        if state.generation != meta.get("generation"):
+            return "update"
+        return None
+
+    def succeeded(self, key: tuple[str, str]) -> None:
+        state = self.crs.get(key)
+        if state is not None:
+            state.failures = 0
+
+    def failed(self, key: tuple[str, str]) -> int:
+        """Count a reconcile that hit API trouble; returns the consecutive failures."""
+        state = self.crs.get(key)
+        if state is None:
+            return 1
+        state.failures += 1
+        return state.failures
 
     def begin_delete(self, namespace: str, name: str, uid: str) -> asyncio.Lock:
         """Stop reconciles of this CR for good; returns the lock to hold while deleting."""
@@ -121,6 +144,7 @@ class Reconciler:
 
     def forget(self, namespace: str, name: str) -> None:
         self.crs.pop((namespace, name), None)
+        self.observer.forget((namespace, name))
         self._update_gauges()
 
     def _update_gauges(self) -> None:
@@ -167,15 +191,17 @@ class Reconciler:
         (kopf's copy may lag behind: a stale status would cause needless writes)."""
         meta = body["metadata"]
         state = self._state(meta["namespace"], meta["name"], meta["uid"])
-        async with state.lock:
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(MAX_CONCURRENT_RECONCILES)
+        async with state.lock, self._slots:
             started = time.perf_counter()
             fresh = await self.kube.get(API_VERSION, KIND, meta["namespace"], meta["name"])
             if fresh is None or fresh["metadata"].get("uid") != meta["uid"] or state.deleting \
                     or fresh["metadata"].get("deletionTimestamp"):
                 return Result(valid=True, status=dict(body.get("status") or {}))
             try:
-                result = await self._reconcile(fresh, state)
-            except (KubeError, OSError, asyncio.TimeoutError):
+                result = await self._reconcile(fresh, state, trigger)
+            except (KubeError, aiohttp.ClientError, asyncio.TimeoutError):
                 metrics.RECONCILES.labels(trigger, "retry").inc()
                 raise
             except Exception:
@@ -183,28 +209,80 @@ class Reconciler:
                 raise
             finally:
                 metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+            state.generation = fresh["metadata"].get("generation")
             metrics.RECONCILES.labels(trigger, "ok" if result.valid else "invalid").inc()
             self._update_gauges()
             return result
 
-    async def _reconcile(self, body: Mapping[str, Any], state: _CrState) -> Result:
-        meta = body["metadata"]
-        namespace, name = meta["namespace"], meta["name"]
+    def _plan(self, body: Mapping[str, Any], state: _CrState) -> tuple[Any, status.Outcome]:
+        """The plan, or the outcome saying why there is none. Never raises for a bad spec: an
+        unexpected planner error is a spec problem too (logged with its traceback once)."""
         spec = body.get("spec") or {}
-        replicas = int(spec.get("replicas", 1))
-        previous = dict(body.get("status") or {})
-        events: list[Event] = []
-        writes = 0
+        replicas = int(spec.get("replicas", 1)) if isinstance(spec.get("replicas", 1), int) else 0
+        cfg = self.config.cache_metrics
         try:
             planned = self.plan_fn(body, self.config)
         except SpecError as exc:
-            planned = None
-            outcome = status.Outcome(replicas=replicas, problems=list(exc.problems))
-        else:
-            outcome = status.Outcome(replicas=replicas, status_plan=planned.status_plan,
-                                     warnings=list(planned.warnings))
+            return None, status.Outcome(replicas=replicas, problems=list(exc.problems))
+        except Exception as exc:
+            text = f"{type(exc).__name__}: {exc}"
+            if state.planner_failure != text:
+                state.planner_failure = text
+                meta = body["metadata"]
+                cr_logger(meta["namespace"], meta["name"]).error(
+                    "the planner failed on this spec (reported as SpecValid=False):\n%s",
+                    "".join(traceback.format_exception(exc)))
+            return None, status.Outcome(
+                replicas=replicas, spec_reason="PlanningFailed",
+                problems=[("spec", f"the operator could not plan this spec ({text}); "
+                           "please report it with the CR")])
+        state.planner_failure = ""
+        strategy = planned.spec.update_strategy
+        return planned, status.Outcome(
+            replicas=planned.spec.replicas, status_plan=planned.status_plan,
+            warnings=list(planned.warnings), cache_tiers=planned.cache_tiers(),
+            on_delete=strategy.type == "OnDelete",
+            partition=strategy.rolling_update.partition if strategy.rolling_update else 0,
+            min_ratio_change=cfg.min_ratio_change)
+
+    async def _grow_claims(self, planned: Any, pvcs: list[Obj], namespace: str,
+                           outcome: status.Outcome) -> tuple[status.Outcome, list[str]]:
+        """Expand the SSD claims the plan outgrew, or turn the outcome into a refusal."""
+        claim_bytes = planned.ssd_claim_bytes
+        small = volumes.claims_to_grow(claim_bytes, pvcs) if claim_bytes else []
+        if not small:
+            return outcome, []
+        classes: dict[str, Obj | None] = {}
+        for name in {volumes.storage_class_of(p) for p in small} - {""}:
+            classes[name] = await self.kube.get("storage.k8s.io/v1", "StorageClass", None, name)
+        expansion = volumes.plan_expansion(claim_bytes, small, classes)
+        if expansion.refusal is not None:
+            return status.Outcome(replicas=outcome.replicas, spec_reason="VolumeExpansionRefused",
+                                  problems=[(volumes.SIZE_FIELD, expansion.refusal)]), []
+        done = []
+        for claim, patch in sorted(expansion.patches.items()):
+            await self.kube.merge_patch("v1", "PersistentVolumeClaim", namespace, claim, patch)
+            metrics.WRITES.labels("patch", "PersistentVolumeClaim").inc()
+            done.append(f"expanded PersistentVolumeClaim {claim}")
+        return outcome, done
+
+    async def _reconcile(self, body: Mapping[str, Any], state: _CrState,
+                         trigger: str) -> Result:
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        previous = dict(body.get("status") or {})
+        events: list[Event] = []
+        writes = 0
+        planned, outcome = self._plan(body, state)
 
         selector = instance_selector(name)
+        pvcs = await self.kube.list("v1", "PersistentVolumeClaim", namespace, selector)
+        applied: list[str] = []
+        if planned is not None:
+            outcome, applied = await self._grow_claims(planned, pvcs, namespace, outcome)
+            writes += len(applied)
+            if outcome.problems:
+                planned = None
         live: dict[ChildKey, Obj] = {}
         for api_version, kind in CHILD_KINDS:
             for obj in await self.kube.list(api_version, kind, namespace, selector):
@@ -212,10 +290,11 @@ class Reconciler:
                 obj.setdefault("kind", kind)
                 live[_key(obj)] = obj
 
+        rejections: list[str] = []
         if planned is not None:
             desired = {_key(d): d for d in (self._desired(obj, body) for obj in planned.objects)}
-            state.desired = desired
-            applied: list[str] = []
+            # Drift checks need no copy of the last-applied annotation (it repeats the object).
+            state.desired = {k: diff.without_last_applied(v) for k, v in desired.items()}
             for key, want in desired.items():
                 have = live.get(key)
                 if have is not None and not diff.owned_by(have, meta["uid"]):
@@ -223,10 +302,19 @@ class Reconciler:
                                         f"{key[1]} {key[2]} exists and is not owned by this "
                                         "SGLangHiCache; not touching it"))
                     continue
-                live[key], verb = await self._apply(want, have)
-                if verb:
-                    writes += 1
-                    applied.append(f"{verb} {key[1]} {key[2]}")
+                done = await self.writer.apply(key, want, have, state.children)
+                if done.obj is not None:
+                    live[key] = done.obj
+                if done.rejection is not None:
+                    rejections.append(done.rejection.describe(key))
+                if done.verb:
+                    writes += 1 + done.verb.startswith("recreated")
+                    applied.append(f"{done.verb} {key[1]} {key[2]}")
+                if done.dropped:
+                    events.append(Event("Warning", "FieldsNotPersisted",
+                                        f"the API server did not keep {', '.join(done.dropped)}"
+                                        f" of {key[1]} {key[2]} (a feature gate of this "
+                                        "cluster may be off); not re-sending them"))
             for key, have in list(live.items()):
                 if key not in desired and diff.owned_by(have, meta["uid"]):
                     await self.kube.delete(key[0], key[1], namespace, key[2])
@@ -234,17 +322,18 @@ class Reconciler:
                     live.pop(key)
                     writes += 1
                     applied.append(f"deleted {key[1]} {key[2]}")
-            if applied:
-                events.append(Event("Normal", "Applied", "; ".join(applied)))
+            outcome = _with_rejections(outcome, rejections)
+        if applied:
+            events.append(Event("Normal", "Applied", "; ".join(applied)))
 
         sts = next((obj for (_, kind, _), obj in live.items() if kind == "StatefulSet"), None)
         pods = await self.kube.list("v1", "Pod", namespace, selector)
-        pvcs = await self.kube.list("v1", "PersistentVolumeClaim", namespace, selector)
-        observed = status.Observed(statefulset=sts, pods=pods, pvcs=pvcs)
+        cache = await self._observe_cache(planned, trigger, (namespace, name), pods)
+        observed = status.Observed(statefulset=sts, pods=pods, pvcs=pvcs, cache=cache)
         new_status = status.compute_status(generation=int(meta.get("generation") or 1),
                                            outcome=outcome, observed=observed, previous=previous)
         state.phase = str(new_status.get("phase", ""))
-        events.extend(_transition_events(previous, new_status, planned))
+        events.extend(transition_events(previous, new_status, planned))
         if not status.same_status(previous, new_status):
             patch: Obj = {k: None for k in previous if k not in new_status}
             patch.update(new_status)
@@ -254,6 +343,13 @@ class Reconciler:
             writes += 1
         return Result(valid=planned is not None, writes=writes, events=events, status=new_status)
 
+    async def _observe_cache(self, planned: Any, trigger: str, key: tuple[str, str],
+                             pods: list[Obj]) -> CacheObservation | None:
+        """Scrape the engines' metrics: on the resync timer only (bounded, once a period)."""
+        if planned is None or trigger != "timer" or not self.config.cache_metrics.enabled:
+            return None
+        return await self.observer.observe(key, pods, planned.spec.engine.port)
+
     def _desired(self, obj: Mapping[str, Any], owner: Mapping[str, Any]) -> Obj:
         out = dict(obj)
         meta = dict(out.get("metadata") or {})
@@ -262,57 +358,6 @@ class Reconciler:
         out["metadata"] = meta
         return diff.with_last_applied(out)
 
-    async def _apply(self, want: Obj, have: Obj | None) -> tuple[Obj, str]:
-        meta = want["metadata"]
-        if have is None:
-            try:
-                created = await self.kube.create(want)
-            except KubeError as exc:
-                if exc.status != 409:
-                    raise
-                fetched = await self.kube.get(want["apiVersion"], want["kind"],
-                                              meta["namespace"], meta["name"])
-                if fetched is None:
-                    raise
-                have = fetched  # created meanwhile (another reconcile or a restarted operator)
-            else:
-                metrics.WRITES.labels("create", want["kind"]).inc()
-                return created, "created"
-        patch = diff.apply_patch(want, have)
-        if patch is None:
-            return have, ""
-        immutable = needs_recreate(want["kind"], patch)
-        if immutable:
-            await self.kube.delete(want["apiVersion"], want["kind"], meta["namespace"],
-                                   meta["name"], propagation="Orphan")
-            metrics.WRITES.labels("delete", want["kind"]).inc()
-            created = await self.kube.create(want)
-            metrics.WRITES.labels("create", want["kind"]).inc()
-            return created, f"recreated (immutable {', '.join(immutable)} changed; pods kept)"
-        patched = await self.kube.merge_patch(want["apiVersion"], want["kind"],
-                                              meta["namespace"], meta["name"], patch)
-        metrics.WRITES.labels("patch", want["kind"]).inc()
-        return patched, "updated"
 
-
-def _transition_events(before: Mapping[str, Any], after: Mapping[str, Any],
-                       planned: Any) -> list[Event]:
-    """Events for what changed, so an unchanged world posts nothing (no event storms)."""
-    events: list[Event] = []
-    old_spec, new_spec = status.condition(before, "SpecValid"), status.condition(after,
-                                                                                 "SpecValid")
-    if new_spec.get("status") == "False" and old_spec.get("message") != new_spec.get("message"):
-        events.append(Event("Warning", "InvalidSpec", str(new_spec.get("message"))))
-    if planned is not None and before.get("plan") != after.get("plan"):
-        summary = planned.summary() if hasattr(planned, "summary") else "planned"
-        events.append(Event("Normal", "Sized", str(summary)[:1000]))
-        for warning in planned.warnings:
-            events.append(Event("Warning", "PlanWarning", str(warning)))
-    old_deg, new_deg = status.condition(before, "Degraded"), status.condition(after, "Degraded")
-    if new_deg.get("status") == "True" and (old_deg.get("status"), old_deg.get("reason")) != (
-            "True", new_deg.get("reason")):
-        events.append(Event("Warning", str(new_deg.get("reason")), str(new_deg.get("message"))))
-    old_ready, new_ready = status.condition(before, "Ready"), status.condition(after, "Ready")
-    if new_ready.get("status") == "True" and old_ready.get("status") != "True":
-        events.append(Event("Normal", "Ready", str(new_ready.get("message"))))
-    return events
+def _with_rejections(outcome: status.Outcome, rejections: list[str]) -> status.Outcome:
+    return replace(outcome, rejections=tuple(rejections)) if rejections else outcome

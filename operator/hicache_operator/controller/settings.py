@@ -1,8 +1,11 @@
 """Kopf settings, chosen deliberately (each line says why).
 
-- Progress and the last-handled spec live in annotations under our own prefix: the CRD's
-  status schema is structural, so the API server prunes kopf's default ``status.kopf`` writes
-  and kopf would re-run handlers forever.
+- No diff-base: the CR is handled by ``on.event`` and a level-triggered reconcile (see
+  ``handlers``), so kopf never stores a last-handled spec in the CR (``NoDiffBaseStorage``): a
+  resync where nothing changed writes nothing, even when kopf's event stream lags.
+- Progress (only the delete handler has any) lives in annotations under our own prefix: the
+  CRD's status schema is structural, so the API server prunes kopf's default ``status.kopf``
+  writes and kopf would re-run handlers forever.
 - Our own finalizer name, so ``kubectl get -o yaml`` shows who blocks a deletion.
 - Peering: two replicas, one active. Unless run ``--standalone``, peering is mandatory under
   the name ``sglang-hicache-operator`` (the chart creates the KopfPeering object).
@@ -13,6 +16,8 @@
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import kopf
 
@@ -26,12 +31,23 @@ WATCHED_CHILDREN = (("apps", "v1", "statefulsets"), ("", "v1", "services"),
                     ("", "v1", "pods"))
 
 
+class NoDiffBaseStorage(kopf.DiffBaseStorage):
+    """Keeps no last-handled state: every event looks new to kopf, which only matters for
+    changing handlers, and the only one left (``on.delete``) is chosen by the deletion
+    timestamp, not by a diff. ``store`` never writes."""
+
+    def fetch(self, *, body: kopf.Body) -> Any:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: Any) -> None:
+        return None
+
+
 def configure(settings: kopf.OperatorSettings) -> None:
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix=ANNOTATION_PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=ANNOTATION_PREFIX, key="last-handled-configuration")
+    settings.persistence.diffbase_storage = NoDiffBaseStorage()
 
     if not settings.peering.standalone and settings.peering.name == "default":
         settings.peering.name = PEERING_NAME

@@ -7,13 +7,20 @@ an identical status and the operator writes nothing.
 
 Conditions (``docs/operations.md`` explains each reason and what to do):
 
-- ``SpecValid``: ``True``/``Planned``, or ``False``/``InvalidSpec`` listing every problem.
-- ``Ready``: ``True``/``AllReplicasReady`` when every pod is ready on the current revision.
+- ``SpecValid``: ``True``/``Planned``, or ``False`` listing every problem: ``InvalidSpec``,
+  ``PlanningFailed`` (the planner itself failed on this spec), ``VolumeExpansionRefused``.
+- ``Ready``: ``True``/``AllReplicasReady`` when every pod is ready on the revision the update
+  strategy asks for.
 - ``Progressing``: ``True`` while pods are created or rolled (``Creating``, ``RollingOut``,
-  ``WaitingForPods``); ``False`` when ``Available`` or when blocked (``Stalled``).
-- ``Degraded``: ``True`` with the most important pod-level failure: ``TopologyAffinityError``,
-  ``HugepagesUnavailable``, ``GpusUnavailable``, ``SsdVolumePending``, ``Unschedulable``,
-  ``ImagePullError``, ``CrashLoopBackOff``, ``PodFailed``; else ``False``/``NoFailures``.
+  ``WaitingForPods``); ``False`` when ``Available``, when pods are held on the previous
+  template by the update strategy (``UpdateHeld``) or when blocked (``Stalled``).
+- ``Degraded``: ``True`` with the most important failure: ``ObjectRejected`` (the API server
+  refused a child), ``TopologyAffinityError``, ``HugepagesUnavailable``, ``GpusUnavailable``,
+  ``SsdVolumePending``, ``Unschedulable``, ``ImagePullError``, ``CrashLoopBackOff``,
+  ``PodFailed``; else ``False``/``NoFailures``.
+
+``replicas`` counts the pods that exist (the scale subresource reads it); ``cache`` is
+``cache_status.cache_block``.
 """
 
 from __future__ import annotations
@@ -23,19 +30,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .cache_observer import CacheObservation
+from .cache_status import cache_block
+
 Obj = dict[str, Any]
 CONDITION_TYPES = ("SpecValid", "Ready", "Progressing", "Degraded")
 
 # Most severe first: the first one found becomes the Degraded reason.
-DEGRADED_REASONS = ("TopologyAffinityError", "HugepagesUnavailable", "GpusUnavailable",
-                    "SsdVolumePending", "Unschedulable", "ImagePullError", "CrashLoopBackOff",
-                    "PodFailed")
+DEGRADED_REASONS = ("ObjectRejected", "TopologyAffinityError", "HugepagesUnavailable",
+                    "GpusUnavailable", "SsdVolumePending", "Unschedulable", "ImagePullError",
+                    "CrashLoopBackOff", "PodFailed")
+SPEC_REASONS = ("InvalidSpec", "PlanningFailed", "VolumeExpansionRefused")
 # Every reason this module writes, per condition (docs/operations.md explains each).
 REASONS: dict[str, tuple[str, ...]] = {
-    "SpecValid": ("Planned", "InvalidSpec"),
+    "SpecValid": ("Planned", *SPEC_REASONS),
     "Ready": ("AllReplicasReady", "ReplicasNotReady", "InvalidSpec"),
-    "Progressing": ("Creating", "RollingOut", "WaitingForPods", "Available", "Stalled",
-                    "InvalidSpec"),
+    "Progressing": ("Creating", "RollingOut", "WaitingForPods", "Available", "UpdateHeld",
+                    "Stalled", "InvalidSpec"),
     "Degraded": (*DEGRADED_REASONS, "NoFailures"),
 }
 _IMAGE_PULL = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName"})
@@ -43,21 +54,29 @@ _IMAGE_PULL = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName"}
 
 @dataclass(frozen=True)
 class Observed:
-    """What the API reported for one CR's workload."""
+    """What the API reported for one CR's workload (and its engines' cache metrics)."""
 
     statefulset: Mapping[str, Any] | None = None
     pods: Sequence[Mapping[str, Any]] = ()
     pvcs: Sequence[Mapping[str, Any]] = ()
+    cache: CacheObservation | None = None
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """What planning produced: either a plan status block or the spec problems."""
+    """What planning and applying produced: a plan (status block, cache tiers, strategy) or the
+    spec problems, and the children the API server refused."""
 
     replicas: int
     status_plan: Mapping[str, Any] | None = None
     problems: Sequence[tuple[str, str]] = ()
     warnings: Sequence[str] = field(default_factory=tuple)
+    spec_reason: str = "InvalidSpec"
+    rejections: Sequence[str] = ()
+    cache_tiers: Sequence[Mapping[str, Any]] | None = None
+    on_delete: bool = False  # updateStrategy OnDelete
+    partition: int = 0  # updateStrategy.rollingUpdate.partition
+    min_ratio_change: float = 0.02
 
 
 @dataclass(frozen=True)
@@ -147,6 +166,23 @@ def _condition(kind: str, ok: bool, reason: str, message: str,
             "observedGeneration": generation, "lastTransitionTime": since or now_iso()}
 
 
+def _rollout(sts: Mapping[str, Any], outcome: Outcome) -> tuple[bool, int]:
+    """Whether the StatefulSet rolled every pod the update strategy lets it roll, and how many
+    pods the strategy keeps on the previous template (OnDelete, or below the partition)."""
+    if not sts:
+        return False, 0
+    sts_status = sts.get("status") or {}
+    seen = int(sts_status.get("observedGeneration") or 0) >= int(
+        (sts.get("metadata") or {}).get("generation") or 1)
+    updated = int(sts_status.get("updatedReplicas") or 0)
+    current = sts_status.get("currentRevision") == sts_status.get("updateRevision")
+    if outcome.on_delete or outcome.partition:
+        expected = 0 if outcome.on_delete else max(0, outcome.replicas - outcome.partition)
+        held = 0 if current else max(0, outcome.replicas - updated)
+        return seen and updated >= expected, held
+    return seen and updated >= outcome.replicas and current, 0
+
+
 def compute_status(*, generation: int, outcome: Outcome, observed: Observed,
                    previous: Mapping[str, Any] | None = None) -> Obj:
     """The full ``status`` block for one CR."""
@@ -156,39 +192,46 @@ def compute_status(*, generation: int, outcome: Outcome, observed: Observed,
         return _condition(kind, ok, reason, message, before, generation)
 
     ready_pods = sum(1 for p in observed.pods if _pod_ready(p))
+    existing = len(observed.pods)
+    previous_cache = (previous or {}).get("cache")
     if outcome.problems:
         listed = "; ".join(f"{path}: {message}" for path, message in outcome.problems)
         conditions = [
-            cond("SpecValid", False, "InvalidSpec", listed),
+            cond("SpecValid", False, outcome.spec_reason, listed),
             cond("Ready", False, "InvalidSpec", "the spec is invalid; nothing was changed"),
             cond("Progressing", False, "InvalidSpec", "fix the spec to continue"),
             cond("Degraded", False, "NoFailures", "no pod-level failures"),
         ]
         out: Obj = {"observedGeneration": generation, "phase": "Invalid",
-                    "replicas": outcome.replicas, "readyReplicas": ready_pods,
+                    "replicas": existing, "readyReplicas": ready_pods,
                     "conditions": conditions}
         if previous and previous.get("plan") is not None:
             out["plan"] = previous["plan"]  # the last valid plan still describes running pods
+        if previous_cache is not None:
+            out["cache"] = previous_cache
         return out
 
     sts = observed.statefulset or {}
-    sts_status = sts.get("status") or {}
-    rolled = bool(sts) and (
-        int(sts_status.get("observedGeneration") or 0) >= int(
-            (sts.get("metadata") or {}).get("generation") or 1)
-        and int(sts_status.get("updatedReplicas") or 0) >= outcome.replicas
-        and sts_status.get("currentRevision") == sts_status.get("updateRevision"))
-    ready = rolled and ready_pods >= outcome.replicas and len(observed.pods) == outcome.replicas
-    issues = pod_issues(observed)
+    rolled, held = _rollout(sts, outcome)
+    ready = rolled and ready_pods >= outcome.replicas and existing == outcome.replicas
+    issues = [PodIssue("ObjectRejected", "", r) for r in outcome.rejections]
+    issues += pod_issues(observed)
     degraded = issues[0] if issues else None
     if degraded is not None:
         extra = f" (and {len(issues) - 1} more)" if len(issues) > 1 else ""
+        where = f"pod {degraded.pod}: " if degraded.pod else ""
         degraded_cond = cond("Degraded", True, degraded.reason,
-                             f"pod {degraded.pod}: {degraded.message}{extra}")
+                             f"{where}{degraded.message}{extra}")
     else:
         degraded_cond = cond("Degraded", False, "NoFailures", "no pod-level failures")
     ready_msg = f"{ready_pods}/{outcome.replicas} pods ready"
-    if ready:
+    if ready and held:
+        how = ("updateStrategy OnDelete: delete them to update them" if outcome.on_delete else
+               f"updateStrategy partition {outcome.partition}: lower it to update them")
+        progressing = cond("Progressing", False, "UpdateHeld",
+                           f"{ready_msg}; {held} pod(s) run the previous template ({how})")
+        phase = "Ready"
+    elif ready:
         progressing = cond("Progressing", False, "Available", ready_msg)
         phase = "Ready"
     elif degraded is not None:
@@ -205,10 +248,14 @@ def compute_status(*, generation: int, outcome: Outcome, observed: Observed,
                   cond("Ready", ready, "AllReplicasReady" if ready else "ReplicasNotReady",
                        ready_msg),
                   progressing, degraded_cond]
-    out = {"observedGeneration": generation, "phase": phase, "replicas": outcome.replicas,
+    out = {"observedGeneration": generation, "phase": phase, "replicas": existing,
            "readyReplicas": ready_pods, "conditions": conditions}
     if outcome.status_plan is not None:
         out["plan"] = dict(outcome.status_plan)
+    cache = cache_block(outcome.cache_tiers, observed.cache, previous_cache,
+                        outcome.min_ratio_change)
+    if cache is not None:
+        out["cache"] = cache
     return out
 
 

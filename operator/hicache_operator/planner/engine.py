@@ -29,6 +29,9 @@ OWNED_ENV_NAMES = frozenset({"SGLANG_DP_RANK", "SGLANG_DP_SIZE", "POD_NAME", "PO
 LAUNCH_COMMAND = ("python", "-m", "hicache_umbp.launch")
 STANDALONE_SERVER_BINARY = "umbp_standalone_server"  # on PATH in the engine image
 SIDECAR_MEDIUM: dict[str, Medium] = {"umbp-dram": "dram", "umbp-ssd": "ssd"}
+#: SGLang serves Prometheus metrics on its HTTP port (/metrics) with this flag; the operator
+#: scrapes them into status.cache (operator configuration cacheMetrics.enabled).
+METRICS_FLAG = "--enable-metrics"
 
 
 @dataclass(frozen=True)
@@ -100,8 +103,17 @@ def check_user_args_and_env(spec: SGLangHiCacheSpec, problems: Problems) -> None
             problems.add(f"spec.engine.env[{i}]", "set value or valueFrom, not both")
 
 
+def sglang_extra_args(spec: SGLangHiCacheSpec, enable_metrics: bool) -> list[str]:
+    """The user's extra SGLang arguments, led by ``--enable-metrics`` when metrics are on."""
+    args = list(spec.engine.extra_args)
+    if enable_metrics and METRICS_FLAG not in args:
+        args.insert(0, METRICS_FLAG)
+    return args
+
+
 def contract_values(
-    spec: SGLangHiCacheSpec, namespace: str, name: str, sizing: PodSizing, ssd: SsdLayout
+    spec: SGLangHiCacheSpec, namespace: str, name: str, sizing: PodSizing, ssd: SsdLayout,
+    enable_metrics: bool = True,
 ) -> dict[str, Any]:
     """Contract keys (hicache_umbp.config.SETTINGS) for this pod; mode-foreign keys omitted."""
     e, hc, l3 = spec.engine, spec.hi_cache, spec.l3
@@ -128,7 +140,7 @@ def contract_values(
         "io_backend": hc.io_backend,
         "numa_policy": hc.host_allocator.numa,
         "ssd_allow_posix_fallback": l3.ssd.allow_posix_fallback,
-        "extra_args": json.dumps(list(e.extra_args)),
+        "extra_args": json.dumps(sglang_extra_args(spec, enable_metrics)),
         "report_path": f"{REPORT_DIR}/launch-report.json",
     }
     if hc.host_pool_per_rank is not None:
@@ -158,6 +170,7 @@ def plan_engine_env(
     sizing: PodSizing,
     ssd: SsdLayout,
     problems: Problems,
+    enable_metrics: bool = True,
 ) -> EngineEnv | None:
     """Render the env and parse it back with the backend's own loader and command renderer."""
     if spec.hi_cache.host_pool_per_rank is not None and sizing.host_pool_per_rank < GB:
@@ -167,7 +180,7 @@ def plan_engine_env(
             f"{sizing.host_pool_per_rank} B is below 1 GB (10^9 B), the unit of "
             f"SGLang's --hicache-size (use hostPoolRatio to size the pool by ratio)",
         )
-    values = contract_values(spec, namespace, name, sizing, ssd)
+    values = contract_values(spec, namespace, name, sizing, ssd, enable_metrics)
     try:
         env = render_env(values)
         cfg = load_launch_config(env)

@@ -72,7 +72,11 @@ def pod_affinity(placement: Placement, model: GpuModel) -> dict[str, Any]:
     (U1 or U2) and (G1 or G2 or G3) becomes the cross product U1G1, U1G2, ... since a
     nodeSelectorTerm list is an OR of ANDs.
     """
-    affinity = copy.deepcopy(placement.affinity or {})
+    affinity = (
+        placement.affinity.model_dump(by_alias=True, exclude_none=True)
+        if placement.affinity is not None
+        else {}
+    )
     node_aff = affinity.setdefault("nodeAffinity", {})
     required = node_aff.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
     user_terms: list[Term] = list(required.get("nodeSelectorTerms") or [{}])

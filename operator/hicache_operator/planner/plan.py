@@ -2,12 +2,13 @@
 
 Pure: no API calls, no clock, no randomness; the same input gives byte-identical objects. Owner
 references are left to the controller. Invalid input raises one :class:`SpecError` listing every
-problem with its field path.
+problem with its field path, and so does a built object the API server would refuse
+(``object_checks``): a plan either holds only objects that can all be applied, or nothing.
+``planner.summary`` renders a finished plan; this module does not depend on it.
 """
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,15 +28,15 @@ from ..builders import (
     build_statefulset,
 )
 from .engine import (
-    SIDECAR_MEDIUM,
     SOCKET_DIR,
     EngineEnv,
     check_parallelism,
     check_user_args_and_env,
     plan_engine_env,
-    standalone_server_command,
 )
 from .errors import Problems, SpecError
+from .k8s_checks import check_pod_inputs, model_path_warnings
+from .object_checks import check_objects
 from .placement import GPU_MODELS, GpuModel, pod_affinity, pod_tolerations, tolerates_unhealthy
 from .security import check_security, granted_capabilities, security_warnings
 from .sizing import PodSizing, size_pod
@@ -72,10 +73,22 @@ class Plan:
             for o in self.objects
         )
 
-    def summary(self) -> str:
-        from .summary import render_summary
+    def cache_tiers(self) -> list[dict[str, Any]]:
+        """The ``status.cache.tiers`` block: planned capacity per tier and pod."""
+        tiers = [CacheTier(tier="Host", capacity_bytes=self.sizing.host_pool_per_rank
+                           * self.sizing.ranks)]
+        if self.sizing.dram_total:
+            tiers.append(CacheTier(tier="L3-DRAM", capacity_bytes=self.sizing.dram_total))
+        if self.ssd.enabled:
+            tiers.append(CacheTier(tier="L3-SSD", capacity_bytes=self.ssd.capacity))
+        return [t.model_dump(by_alias=True, exclude_none=True) for t in tiers]
 
-        return render_summary(self)
+    @property
+    def ssd_claim_bytes(self) -> int | None:
+        """Size of the per-pod SSD claim (volumeClaimTemplates), if the tier uses one."""
+        if self.ssd.enabled and self.ssd.claim_template is not None:
+            return self.ssd.volume_bytes
+        return None
 
 
 def plan(
@@ -95,6 +108,7 @@ def plan(
 
     check_security(spec, policy, problems)
     check_user_args_and_env(spec, problems)
+    check_pod_inputs(spec, problems)
     ranks = check_parallelism(spec, problems)
     if spec.l3.mode == "standalone" and parse_bytes(spec.l3.dram.capacity) == 0:
         problems.add(
@@ -111,7 +125,10 @@ def plan(
     ssd = plan_ssd(spec, ranks, policy, problems)
     sizing = size_pod(spec, ranks, ssd.capacity if ssd.enabled else 0, config, problems)
     engine = (
-        plan_engine_env(spec, parsed.namespace, parsed.name, sizing, ssd, problems)
+        plan_engine_env(
+            spec, parsed.namespace, parsed.name, sizing, ssd, problems,
+            enable_metrics=config.cache_metrics.enabled,
+        )
         if not problems
         else None
     )
@@ -119,11 +136,12 @@ def plan(
     assert engine is not None
 
     facts = config.node_facts
-    hp_total = sum(sizing.hugepages_total.values())
-    topology = plan_topology(ranks, sizing.cpu_total, hp_total + sizing.memory_total, facts)
+    topology = plan_topology(
+        ranks, sizing.cpu_total, sizing.memory_total, sizing.hugepages_total, facts
+    )
     model = GPU_MODELS[spec.placement.gpu_model]
     tolerations = pod_tolerations(spec.placement, config)
-    warnings = _warnings(spec, config, ssd, topology, tolerations)
+    warnings = _warnings(spec, config, ssd, sizing, topology, tolerations)
     build = BuildInput(
         name=parsed.name,
         namespace=parsed.namespace,
@@ -145,6 +163,8 @@ def plan(
         *([build_pdb(build)] if spec.replicas > 1 else []),
         build_statefulset(build),
     ]
+    check_objects(objects, problems)
+    problems.raise_if_any()
     status_plan = _status_plan(sizing, topology, warnings)
     return Plan(
         name=parsed.name,
@@ -166,6 +186,7 @@ def _warnings(
     spec: SGLangHiCacheSpec,
     config: OperatorConfig,
     ssd: SsdLayout,
+    sizing: PodSizing,
     topology: Topology,
     tolerations: list[dict[str, Any]],
 ) -> list[str]:
@@ -181,6 +202,27 @@ def _warnings(
             f"incompatible with the single-numa-node Topology Manager policy: {r}"
             for r in topology.reasons
         )
+    if topology.pods_per_node == 0:
+        out.append(
+            f"no {facts.gpu_model} node of the assumed node facts fits one pod (short of "
+            f"{', '.join(topology.pods_per_node_limited_by)}): pods stay Pending"
+        )
+    lost = sizing.dram_requested - sizing.dram_total
+    if spec.l3.mode == "embedded" and sizing.dram_page and lost > 0:
+        out.append(
+            f"l3.dram.capacity {spec.l3.dram.capacity} over {sizing.ranks} ranks rounds down "
+            f"to whole {format_bytes(sizing.dram_page)} pages: "
+            f"{format_bytes(sizing.dram_per_rank)} per rank, "
+            f"{format_bytes(sizing.dram_total)} in total ({human_bytes(lost)} less than asked); "
+            f"use a multiple of {sizing.ranks} x {format_bytes(sizing.dram_page)}"
+        )
+    strategy = spec.update_strategy.rolling_update
+    if strategy is not None and spec.replicas and strategy.partition >= spec.replicas:
+        out.append(
+            f"updateStrategy.rollingUpdate.partition {strategy.partition} >= replicas "
+            f"{spec.replicas}: no pod is updated to a new template until it is lowered"
+        )
+    out.extend(model_path_warnings(spec))
     if tolerates_unhealthy(tolerations):
         out.append(
             "a toleration matches the amd-gpu-unhealthy taint: pods may land on GPUs "
@@ -229,28 +271,11 @@ def _status_plan(sizing: PodSizing, topology: Topology, warnings: list[str]) -> 
             single_numa_node_compatible=topology.single_numa_node_compatible,
             reasons=list(topology.reasons),
             pods_per_node=topology.pods_per_node,
+            pods_per_node_limited_by=list(topology.pods_per_node_limited_by),
         ),
         warnings=warnings,
     )
     return status.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
-def cache_tiers(p: Plan) -> list[dict[str, Any]]:
-    """The status ``cache.tiers`` block for a plan (capacities per pod)."""
-    host = p.sizing.host_pool_per_rank * p.sizing.ranks
-    tiers = [CacheTier(tier="L2", capacity_bytes=host)]
-    if p.sizing.dram_total:
-        tiers.append(CacheTier(tier="L3-DRAM", capacity_bytes=p.sizing.dram_total))
-    if p.ssd.enabled:
-        tiers.append(CacheTier(tier="L3-SSD", capacity_bytes=p.ssd.capacity))
-    return [t.model_dump(by_alias=True, exclude_none=True) for t in tiers]
-
-
-def sidecar_lines(p: Plan) -> list[str]:
-    return [
-        f"{c.name}: {shlex.join(standalone_server_command(SIDECAR_MEDIUM[c.name]))}"
-        for c in p.sizing.containers[1:]
-    ]
-
-
-__all__ = ["SOCKET_DIR", "Plan", "SpecError", "cache_tiers", "human_bytes", "plan"]
+__all__ = ["SOCKET_DIR", "Plan", "SpecError", "human_bytes", "plan"]

@@ -14,36 +14,12 @@ import re
 from typing import Any
 
 from ..api.config import AdminPolicy, EnginePodSecurity
-from ..api.spec import SGLangHiCacheSpec
+from ..api.spec import MODEL_VOLUME_KINDS, SGLangHiCacheSpec
 from .errors import Problems
 from .ssd import host_path_allowed
 
 DEFAULT_CAPABILITY = "IPC_LOCK"
 _CAPABILITY_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
-
-# Volume sources a model volume may use (core/v1 VolumeSource members that carry model weights).
-MODEL_VOLUME_SOURCES = frozenset(
-    {
-        "persistentVolumeClaim",
-        "nfs",
-        "csi",
-        "ephemeral",
-        "hostPath",
-        "emptyDir",
-        "image",
-        "iscsi",
-        "fc",
-        "cephfs",
-        "rbd",
-        "azureFile",
-        "azureDisk",
-        "awsElasticBlockStore",
-        "gcePersistentDisk",
-        "glusterfs",
-        "portworxVolume",
-    }
-)
-
 
 def normalise_capability(name: str) -> str:
     name = name.strip().upper()
@@ -94,22 +70,17 @@ def _check_model_volume(spec: SGLangHiCacheSpec, policy: AdminPolicy, problems: 
     if vol is None:
         return
     path = "spec.model.volume"
-    kinds = sorted(vol)
-    if len(kinds) != 1 or kinds[0] not in MODEL_VOLUME_SOURCES:
+    kinds = vol.kinds()
+    if len(kinds) != 1:
         problems.add(
             path,
-            "must hold exactly one volume source of "
-            f"{', '.join(sorted(MODEL_VOLUME_SOURCES))} "
+            f"must hold exactly one volume source of {', '.join(MODEL_VOLUME_KINDS)} "
             f"(got {', '.join(kinds) or 'none'})",
         )
         return
-    kind = kinds[0]
-    if not isinstance(vol[kind], dict):
-        problems.add(f"{path}.{kind}", "must be an object")
-        return
-    if kind == "hostPath":
-        host = vol[kind].get("path")
-        if not isinstance(host, str) or not host.startswith("/"):
+    if vol.host_path is not None:
+        host = vol.host_path.path
+        if not host.startswith("/"):
             problems.add(f"{path}.hostPath.path", "must be an absolute path")
         elif not host_path_allowed(host, policy.allowed_host_path_prefixes):
             problems.add(
@@ -118,8 +89,6 @@ def _check_model_volume(spec: SGLangHiCacheSpec, policy: AdminPolicy, problems: 
                 f"(allowedHostPathPrefixes: "
                 f"{', '.join(policy.allowed_host_path_prefixes) or 'none'})",
             )
-    if kind == "persistentVolumeClaim" and not isinstance(vol[kind].get("claimName"), str):
-        problems.add(f"{path}.persistentVolumeClaim.claimName", "is required")
 
 
 def pod_security_context(identity: EnginePodSecurity) -> dict[str, Any]:

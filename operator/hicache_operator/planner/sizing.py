@@ -93,6 +93,7 @@ class PodSizing:
     dram_total: int
     dram_per_rank: int
     dram_page: int
+    dram_requested: int  # spec.l3.dram.capacity before whole-page rounding
     ssd_total: int
     ssd_per_rank: int
     queue_bytes_per_rank: int  # write-back ring budget (rendered even when unused)
@@ -247,6 +248,7 @@ def size_pod(
         dram_total=dram_total,
         dram_per_rank=dram_r,
         dram_page=dram_page,
+        dram_requested=dram_raw,
         ssd_total=ssd_bytes,
         ssd_per_rank=ssd_r,
         queue_bytes_per_rank=queue_r,

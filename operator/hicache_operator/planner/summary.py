@@ -1,16 +1,14 @@
-"""The ten-second summary of a plan (``plan -o summary``)."""
+"""The ten-second summary of a plan (``plan -o summary``): it only reads a finished ``Plan``."""
 
 from __future__ import annotations
 
 import shlex
-from typing import TYPE_CHECKING
 
 from hicache_umbp.launch.units import k8s_hugepage_resource
 
 from ..api.quantity import format_bytes, human_bytes
-
-if TYPE_CHECKING:
-    from .plan import Plan
+from .engine import SIDECAR_MEDIUM, standalone_server_command
+from .plan import Plan
 
 
 def _bytes(n: int) -> str:
@@ -68,9 +66,10 @@ def render_summary(p: Plan) -> str:
     for r in p.topology.ranks:
         add(f"  {r.rank:<5}{r.gpu:<5}{r.numa_node:<6}{pool:<28}{dram:<28}{ssd}")
     verdict = "yes" if p.topology.single_numa_node_compatible else "NO"
+    limits = ", ".join(p.topology.pods_per_node_limited_by) or "-"
     add(
         f"single-numa-node compatible: {verdict}; pods of this size per node: "
-        f"{p.topology.pods_per_node}"
+        f"{p.topology.pods_per_node} (limited by {limits})"
     )
     add("")
     if p.ssd.enabled:
@@ -82,8 +81,6 @@ def render_summary(p: Plan) -> str:
     else:
         add("SSD: disabled")
     if standalone:
-        from .plan import sidecar_lines
-
         add("Standalone UMBP sidecars (native sidecars, survive engine restarts):")
         for line in sidecar_lines(p):
             add(f"  {line}")
@@ -96,3 +93,10 @@ def render_summary(p: Plan) -> str:
         add(f"  - {w}")
     add("Objects: " + ", ".join(f"{o['kind']}/{o['metadata']['name']}" for o in p.objects))
     return "\n".join(out) + "\n"
+
+
+def sidecar_lines(p: Plan) -> list[str]:
+    return [
+        f"{c.name}: {shlex.join(standalone_server_command(SIDECAR_MEDIUM[c.name]))}"
+        for c in p.sizing.containers[1:]
+    ]

@@ -165,6 +165,9 @@ def check_cross_field_rules(spec: SGLangHiCacheSpec, problems: Problems) -> None
             "cannot know, so hugepages cannot be requested: use hostPoolPerRank or "
             "hostAllocator.hugePageSize none",
         )
+    strategy = spec.update_strategy
+    if strategy.rolling_update is not None and strategy.type != "RollingUpdate":
+        problems.add("spec.updateStrategy", "rollingUpdate applies to type RollingUpdate only")
     ssd = spec.l3.ssd
     if spec.l3.mode == "standalone" and ssd.enabled and ssd.io_backend != "io_uring":
         problems.add(

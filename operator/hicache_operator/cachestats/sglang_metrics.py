@@ -1,0 +1,282 @@
+"""SGLang's cache metrics: parse ``/metrics`` text, reduce it per pod, aggregate pods and windows.
+
+Pure functions over the Prometheus text exposition format that SGLang 0.5.23 serves on its HTTP
+port with ``--enable-metrics`` (prometheus_client's multiprocess collector; metric definitions in
+``sglang/srt/observability/metrics_collector.py``). Only these families are read; every other
+line, and any extra label, is ignored:
+
+=============================================  ========  ===================================
+family                                         type      labels SGLang sets (0.5.23)
+=============================================  ========  ===================================
+``sglang:prompt_tokens_total``                 counter   model_name, engine_type, is_streaming
+``sglang:cached_tokens_total``                 counter   model_name, engine_type, cache_source
+                                                         (device | host | storage | total)
+``sglang:storage_prefetch_hit_tokens_total``   counter   storage_backend, tp_rank, dp_rank,
+                                                         pp_rank, pp_size, attn_cp_rank/size
+``sglang:backuped_tokens_total``               counter   (same as above): host -> L3 writes
+``sglang:hicache_backup_dropped_tokens_total`` counter   (same): backups that never reached L3
+``sglang:hicache_backup_tokens_total``         counter   cache_type, tp_rank, pp_rank, dp_rank,
+                                                         pool: device -> host (L2) backups
+``sglang:hicache_host_used_tokens``            gauge     model_name, engine_type, tp_rank,
+``sglang:hicache_host_total_tokens``           gauge     pp_rank, moe_ep_rank[, dp_rank]
+=============================================  ========  ===================================
+
+Per pod (one SGLang server): the tokenizer-side counters (prompt and cached tokens) are summed
+over their series. The scheduler- and storage-side families are reported once per rank, each
+rank counting the same logical tokens (TP and PP ranks, attention context-parallel ranks; with
+MLA only the storage writer rank backs up): they are reduced with the *maximum* over those rank
+labels and *summed* over the rest (data-parallel ranks serve different requests, one series per
+storage backend).
+
+Ratios: ``hit ratio of a tier = cached tokens from that tier / prompt tokens`` over the same
+span (a window between two scrapes, or since the server started). L3 (SGLang's ``storage``)
+covers both UMBP tiers: SGLang does not tell DRAM hits from SSD hits.
+
+Failing L3 writes: SGLang 0.5.23 exports no failed-write counter (a failed batch logs "Write page
+to storage: N pages failed" and counts only the completed tokens). Every device -> host backup
+is followed by a host -> L3 backup of the same pages, so over a window
+``l3 written / l2 written`` below :data:`FAILING_WRITE_RATIO` (with at least
+:data:`MIN_BACKUP_TOKENS` written to L2), or any dropped backup, means L3 writes are failing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+PROMPT = "sglang:prompt_tokens_total"
+CACHED = "sglang:cached_tokens_total"
+PREFETCH_HIT = "sglang:storage_prefetch_hit_tokens_total"
+L3_BACKUP = "sglang:backuped_tokens_total"
+L3_DROPPED = "sglang:hicache_backup_dropped_tokens_total"
+L2_BACKUP = "sglang:hicache_backup_tokens_total"
+HOST_USED = "sglang:hicache_host_used_tokens"
+HOST_TOTAL = "sglang:hicache_host_total_tokens"
+FAMILIES = (PROMPT, CACHED, PREFETCH_HIT, L3_BACKUP, L3_DROPPED, L2_BACKUP, HOST_USED, HOST_TOTAL)
+#: Labels that name a replica of the same logical count (reduced with max, not summed).
+RANK_LABELS = frozenset({"tp_rank", "pp_rank", "pp_size", "attn_cp_rank", "attn_cp_size",
+                         "moe_ep_rank"})
+TIERS = ("device", "host", "storage")  # SGLang's cache_source values, fastest first
+FAILING_WRITE_RATIO = 0.5
+MIN_BACKUP_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    labels: Mapping[str, str]
+    value: float
+
+
+class MetricsFormatError(ValueError):
+    """A line of a wanted family that is not valid exposition text."""
+
+
+def _parse_labels(text: str, line: str) -> tuple[dict[str, str], str]:
+    """``a="x",b="y"} rest`` -> labels and the text after ``}`` (label values may escape)."""
+    labels: dict[str, str] = {}
+    i = 0
+    while True:
+        while i < len(text) and text[i] in " ,":
+            i += 1
+        if i < len(text) and text[i] == "}":
+            return labels, text[i + 1:]
+        eq = text.find("=", i)
+        if eq < 0 or eq + 1 >= len(text) or text[eq + 1] != '"':
+            raise MetricsFormatError(f"bad labels in {line!r}")
+        key, i, value = text[i:eq].strip(), eq + 2, []
+        while i < len(text) and text[i] != '"':
+            if text[i] == "\\" and i + 1 < len(text):
+                value.append({"n": "\n", '"': '"', "\\": "\\"}.get(text[i + 1], text[i + 1]))
+                i += 2
+            else:
+                value.append(text[i])
+                i += 1
+        if i >= len(text):
+            raise MetricsFormatError(f"unterminated label value in {line!r}")
+        labels[key] = "".join(value)
+        i += 1
+
+
+def parse_samples(text: str, families: Sequence[str] = FAMILIES) -> list[Sample]:
+    """The samples of ``families`` in exposition ``text``; other lines are skipped unparsed
+    (a real ``/metrics`` page holds hundreds of histogram lines the operator never reads)."""
+    wanted = tuple(families)
+    out: list[Sample] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line.startswith(wanted):
+            continue  # comments, blank lines and other families
+        brace = line.find("{")
+        space = line.find(" ")
+        if brace >= 0 and (space < 0 or brace < space):
+            name = line[:brace]
+            labels, rest = _parse_labels(line[brace + 1:], line)
+        else:
+            name, _, rest = line.partition(" ")
+            labels = {}
+        if name not in wanted:
+            continue  # a longer name sharing the prefix (e.g. *_total_created)
+        parts = rest.split()
+        if not parts:
+            raise MetricsFormatError(f"no value in {line!r}")
+        try:
+            value = float(parts[0])
+        except ValueError:
+            raise MetricsFormatError(f"bad value in {line!r}") from None
+        out.append(Sample(name, labels, value))
+    return out
+
+
+def _rank_reduced(samples: Iterable[Sample]) -> float:
+    """Max over rank replicas of one logical count, summed over the other label sets."""
+    groups: dict[tuple[tuple[str, str], ...], float] = {}
+    for s in samples:
+        key = tuple(sorted((k, v) for k, v in s.labels.items() if k not in RANK_LABELS))
+        groups[key] = max(groups.get(key, 0.0), s.value)
+    return sum(groups.values())
+
+
+@dataclass(frozen=True)
+class PodCounters:
+    """One pod's cache figures: counters (tokens, monotonic) and the host-pool gauges."""
+
+    prompt_tokens: float = 0.0
+    cached_tokens: Mapping[str, float] = field(default_factory=dict)  # cache_source -> tokens
+    prefetch_hit_tokens: float = 0.0
+    l3_backup_tokens: float = 0.0
+    l3_dropped_tokens: float = 0.0
+    l2_backup_tokens: float | None = None  # None: the family is not exported
+    host_used_tokens: float | None = None
+    host_total_tokens: float | None = None
+
+    def counters(self) -> dict[str, float]:
+        out = {"prompt": self.prompt_tokens, "prefetch": self.prefetch_hit_tokens,
+               "l3": self.l3_backup_tokens, "dropped": self.l3_dropped_tokens,
+               "l2": self.l2_backup_tokens or 0.0}
+        out.update({f"cached:{k}": v for k, v in self.cached_tokens.items()})
+        return out
+
+
+def pod_counters(samples: Iterable[Sample]) -> PodCounters:
+    """Reduce one pod's samples (see the module docstring for the rules)."""
+    by_name: dict[str, list[Sample]] = {}
+    for s in samples:
+        by_name.setdefault(s.name, []).append(s)
+    cached: dict[str, float] = {}
+    for s in by_name.get(CACHED, []):
+        source = s.labels.get("cache_source", "total")
+        cached[source] = cached.get(source, 0.0) + s.value
+
+    def gauge(name: str) -> float | None:
+        return _rank_reduced(by_name[name]) if name in by_name else None
+
+    return PodCounters(
+        prompt_tokens=sum(s.value for s in by_name.get(PROMPT, [])),
+        cached_tokens=cached,
+        prefetch_hit_tokens=_rank_reduced(by_name.get(PREFETCH_HIT, [])),
+        l3_backup_tokens=_rank_reduced(by_name.get(L3_BACKUP, [])),
+        l3_dropped_tokens=_rank_reduced(by_name.get(L3_DROPPED, [])),
+        l2_backup_tokens=gauge(L2_BACKUP),
+        host_used_tokens=gauge(HOST_USED),
+        host_total_tokens=gauge(HOST_TOTAL),
+    )
+
+
+def parse_pod(text: str) -> PodCounters:
+    """``parse_samples`` + ``pod_counters`` for one ``/metrics`` page."""
+    return pod_counters(parse_samples(text))
+
+
+def increase(newer: PodCounters, older: PodCounters | None) -> PodCounters:
+    """Counter increase from ``older`` to ``newer`` (gauges: ``newer``'s). A counter that went
+    down means the server restarted: its value is then the increase since the restart, as in
+    Prometheus' ``increase()``."""
+    if older is None:
+        return newer
+    old, new = older.counters(), newer.counters()
+    if any(new.get(k, 0.0) < v for k, v in old.items()):
+        return newer  # reset
+    cached = {k: v - older.cached_tokens.get(k, 0.0) for k, v in newer.cached_tokens.items()}
+    return replace(
+        newer,
+        prompt_tokens=newer.prompt_tokens - older.prompt_tokens,
+        cached_tokens=cached,
+        prefetch_hit_tokens=newer.prefetch_hit_tokens - older.prefetch_hit_tokens,
+        l3_backup_tokens=newer.l3_backup_tokens - older.l3_backup_tokens,
+        l3_dropped_tokens=newer.l3_dropped_tokens - older.l3_dropped_tokens,
+        l2_backup_tokens=None if newer.l2_backup_tokens is None
+        else newer.l2_backup_tokens - (older.l2_backup_tokens or 0.0),
+    )
+
+
+@dataclass(frozen=True)
+class CacheFigures:
+    """Cache figures of one CR over one span, summed over its pods."""
+
+    pods: int
+    prompt_tokens: float
+    cached_tokens: Mapping[str, float]
+    prefetch_hit_tokens: float
+    l3_backup_tokens: float
+    l3_dropped_tokens: float
+    l2_backup_tokens: float | None
+    host_used_tokens: float | None
+    host_total_tokens: float | None
+
+    def hit_ratio(self, tier: str | None = None) -> float | None:
+        """Share of prompt tokens served from ``tier`` (None: from any cache tier); None when
+        no prompt token was processed in the span."""
+        if self.prompt_tokens <= 0:
+            return None
+        hits = (self.cached_tokens.get(tier, 0.0) if tier is not None
+                else sum(self.cached_tokens.values()))
+        return min(1.0, max(0.0, hits / self.prompt_tokens))
+
+    @property
+    def host_used_ratio(self) -> float | None:
+        if not self.host_total_tokens or self.host_used_tokens is None:
+            return None
+        return min(1.0, max(0.0, self.host_used_tokens / self.host_total_tokens))
+
+    @property
+    def l3_writes(self) -> str | None:
+        """``Failing``, ``Ok``, ``Idle`` (nothing to write in the span) or None (unknown)."""
+        if self.l3_dropped_tokens > 0:
+            return "Failing"
+        if self.l2_backup_tokens is None:
+            return "Ok" if self.l3_backup_tokens > 0 else None
+        if self.l2_backup_tokens < MIN_BACKUP_TOKENS:
+            return "Ok" if self.l3_backup_tokens > 0 else "Idle"
+        ratio = self.l3_backup_tokens / self.l2_backup_tokens
+        return "Failing" if ratio < FAILING_WRITE_RATIO else "Ok"
+
+
+def aggregate(pods: Iterable[PodCounters]) -> CacheFigures:
+    """Sum per-pod figures (each already an increase over the span) into the CR's."""
+    pods = list(pods)
+    cached: dict[str, float] = {}
+    for p in pods:
+        for k, v in p.cached_tokens.items():
+            cached[k] = cached.get(k, 0.0) + v
+
+    def total(values: list[float | None]) -> float | None:
+        present = [v for v in values if v is not None]
+        return sum(present) if present else None
+
+    return CacheFigures(
+        pods=len(pods),
+        prompt_tokens=sum(p.prompt_tokens for p in pods),
+        cached_tokens=cached,
+        prefetch_hit_tokens=sum(p.prefetch_hit_tokens for p in pods),
+        l3_backup_tokens=sum(p.l3_backup_tokens for p in pods),
+        l3_dropped_tokens=sum(p.l3_dropped_tokens for p in pods),
+        l2_backup_tokens=total([p.l2_backup_tokens for p in pods]),
+        host_used_tokens=total([p.host_used_tokens for p in pods]),
+        host_total_tokens=total([p.host_total_tokens for p in pods]),
+    )
+
+
+def figures_from_pages(pages: Iterable[str]) -> CacheFigures:
+    """Cumulative figures (since each server started) of the ``/metrics`` pages of one CR."""
+    return aggregate(parse_pod(text) for text in pages)

@@ -1,0 +1,143 @@
+"""Status that tells the truth: pods that exist, and the cache read from SGLang's own metrics.
+
+Real: the operator (KopfRunner), the emulator, HTTP between the operator and the pods' metrics
+endpoints (aiohttp servers on loopback addresses standing in for pod IPs), prometheus_client's
+exposition of SGLang 0.5.23's metric definitions. Faked: the pages are the PROVISIONAL fixtures
+of tests/fixtures/sglang-metrics (made-up counts) until real captures of the pod tier replace
+them; the emulated kubelet gives pods those loopback IPs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_lib import (
+    EXAMPLES,
+    NAMESPACE,
+    RESYNC_S,
+    Cluster,
+    FakeSGLangMetrics,
+    example,
+    selector,
+)
+from hicache_operator.api.crd import PRINTER_COLUMNS
+
+pytestmark = pytest.mark.e2e
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sglang-metrics"
+T0 = (FIXTURES / "provisional-0.5.23-tp2-umbp-t0.txt").read_text()
+T1 = (FIXTURES / "provisional-0.5.23-tp2-umbp-t1.txt").read_text()
+FAILING = (FIXTURES / "provisional-0.5.23-tp2-umbp-l3-failing.txt").read_text()
+
+
+def _cr(name: str, replicas: int, port: int = 30000) -> dict[str, Any]:
+    cr = example(next(p for p in EXAMPLES if "minimal" in p.stem), name)
+    cr["spec"]["replicas"] = replicas
+    cr["spec"]["engine"] = {"port": port}
+    return cr
+
+
+def _status(cluster: Cluster, name: str) -> dict[str, Any]:
+    return dict((cluster.cr(name) or {}).get("status") or {})
+
+
+def _cache(cluster: Cluster, name: str) -> dict[str, Any]:
+    return dict(_status(cluster, name).get("cache") or {})
+
+
+def _column(body: dict[str, Any], json_path: str) -> Any:
+    node: Any = body
+    for part in json_path.strip(".").split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def test_status_replicas_counts_the_pods_that_exist(cluster: Cluster, operator: Any) -> None:
+    """``status.replicas`` is what the scale subresource reads: pods that exist, not the
+    desired count. With the emulated StatefulSet controller stopped no pod appears."""
+    cluster.emu.call(lambda store: store.listeners.clear())
+    cr = _cr("counted", replicas=2)
+    cluster.apply(cr)
+    cluster.wait_children(cr)
+    cluster.wait(lambda: _status(cluster, "counted").get("observedGeneration") == 1,
+                 "a status")
+    assert (_status(cluster, "counted")["replicas"], cr["spec"]["replicas"]) == (0, 2)
+    labels = {"app.kubernetes.io/name": "sglang-hicache",
+              "app.kubernetes.io/instance": "counted"}
+    cluster.emu.create("v1", "pods", {"metadata": {
+        "name": "counted-0", "namespace": NAMESPACE, "labels": labels},
+        "spec": {"containers": [{"name": "engine", "image": "x"}]}})
+    cluster.wait(lambda: _status(cluster, "counted").get("replicas") == 1, "replicas 1")
+    assert _status(cluster, "counted")["readyReplicas"] == 0
+
+
+def test_cache_status_is_read_from_each_ready_pods_sglang_metrics(
+        cluster: Cluster, operator: Any) -> None:
+    with FakeSGLangMetrics(pods=2) as sglang:
+        sglang.serve(T0)
+        cr = _cr("cached", replicas=2, port=sglang.port)
+        cluster.apply(cr)
+        cluster.wait_children(cr)
+        cluster.mark_pods_ready("cached", 2, ips=sglang.ips)
+        # First scrape: a baseline per pod, the planned capacity, no ratio yet.
+        cache = cluster.wait(lambda: (lambda c: c if c.get("pods") == 2 else {})(
+            _cache(cluster, "cached")), "the first scrape of both pods")
+        assert cache["tiers"] == [{"tier": "Host", "capacityBytes": 32 * 2**30},
+                                  {"tier": "L3-DRAM", "capacityBytes": 64 * 2**30}]
+        assert "hitRatio" not in cache
+        # Traffic: every counter doubles on both pods.
+        sglang.serve(T1)
+        cache = cluster.wait(lambda: (lambda c: c if "hitRatio" in c else {})(
+            _cache(cluster, "cached")), "hit ratios")
+        assert cache["hitRatio"] == {"total": 0.55, "device": 0.3, "host": 0.15,
+                                     "storage": 0.1}
+        assert (cache["hostUsedRatio"], cache["l3Writes"]) == (0.562, "Ok")
+        assert cache["windowSeconds"] == 300 and "message" not in cache
+        body = cluster.cr("cached") or {}
+        columns = {c["name"]: _column(body, c["jsonPath"]) for c in PRINTER_COLUMNS
+                   if "cache" in c["jsonPath"]}
+        assert columns == {"Hit": 0.55, "Host-Hit": 0.15, "L3-Hit": 0.1, "Device-Hit": 0.3,
+                           "L3-Writes": "Ok"}
+        # Unchanged figures: resyncs scrape (bounded: one request per pod) and write nothing.
+        cluster.wait_settled(RESYNC_S)
+        before = len(sglang.requests)
+        assert cluster.writes_during(3 * RESYNC_S) == []
+        scraped = len(sglang.requests) - before
+        assert 2 <= scraped <= 2 * 5, scraped  # ~2 per resync of ~1 s, never a flood
+
+        # One pod's L3 stops taking writes: l3Writes Failing, one Event, and back.
+        sglang.serve(FAILING, sglang.ips[0])
+        cluster.wait(lambda: _cache(cluster, "cached").get("l3Writes") == "Failing",
+                     "l3Writes Failing")
+        cluster.wait(lambda: [e for e in cluster.events("cached")
+                              if e["reason"] == "StorageWritesFailing"], "the Event")
+        sglang.serve(T1, sglang.ips[0])
+        cluster.wait(lambda: _cache(cluster, "cached").get("l3Writes") == "Ok", "l3Writes Ok")
+        cluster.wait(lambda: [e for e in cluster.events("cached")
+                              if e["reason"] == "StorageWritesRecovered"], "recovery Event")
+        assert len([e for e in cluster.events("cached")
+                    if e["reason"] == "StorageWritesFailing"]) == 1
+
+        # A page the operator cannot read names the pod, and costs one status write.
+        sglang.serve('sglang:prompt_tokens_total{broken="} 1\n', sglang.ips[1])
+        cache = cluster.wait(lambda: (lambda c: c if "message" in c else {})(
+            _cache(cluster, "cached")), "a scrape error in the status")
+        assert "cached-1" in cache["message"] and cache["pods"] == 1
+        cluster.wait_settled(RESYNC_S)
+        assert cluster.writes_during(3 * RESYNC_S) == []
+
+
+def test_pods_that_are_not_ready_are_not_scraped(cluster: Cluster, operator: Any) -> None:
+    with FakeSGLangMetrics(pods=1) as sglang:
+        sglang.serve(T0)
+        cr = _cr("unready", replicas=1, port=sglang.port)
+        cluster.apply(cr)
+        cluster.wait_children(cr)
+        cluster.wait(lambda: cluster.pods("unready"), "the pod")
+        cluster.wait_settled(RESYNC_S)
+        assert sglang.requests == []
+        assert cluster.emu.list("v1", "pods", NAMESPACE, selector("unready"))
+        cache = _cache(cluster, "unready")  # planned tiers, no live figure
+        assert set(cache) == {"tiers", "pods", "windowSeconds"} and cache["pods"] == 0
