@@ -42,12 +42,14 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from . import standalone_reaper
 from .client_guards import ReconnectingClient, SerializedClient
 from .config import SSD_SLOT_BYTES_DEFAULT, ConfigError, Medium
 from .staging import SSD_STAGING_SLOTS as SSD_STAGING_SLOTS  # re-exported (operator imports it)
@@ -362,6 +364,22 @@ def _segment_bytes(ssd_dir: str) -> int:
         return 0
 
 
+_clients_lock = threading.Lock()
+_clients_opened = 0
+
+
+def _count_standalone_client() -> None:
+    global _clients_opened
+    with _clients_lock:
+        _clients_opened += 1
+
+
+def standalone_clients_opened() -> int:
+    """mori standalone clients this process created (mori numbers them ``umbp-<pid>-<n>``)."""
+    with _clients_lock:
+        return _clients_opened
+
+
 def make_standalone_client(
     socket_path: str,
     medium: Medium,
@@ -394,6 +412,7 @@ def make_standalone_client(
     umbp = import_umbp()
 
     def connect(timeout_ms: int = 1000) -> Any:
+        _count_standalone_client()
         config = umbp.UMBPConfig()
         proc = umbp.UMBPStandaloneProcessConfig()
         proc.address = f"unix:{socket_path}"
@@ -410,8 +429,15 @@ def make_standalone_client(
         raise StandaloneServerUnavailableError(
             f"cannot connect to the standalone UMBP {medium} server at unix:{socket_path}: {exc}"
         ) from exc
+    def ledger(registered: bool) -> None:
+        pid = os.getpid()
+        if registered:
+            standalone_reaper.record(socket_path, pid, standalone_clients_opened())
+        else:
+            standalone_reaper.forget(socket_path, pid)
+
     reconnecting = ReconnectingClient(
-        socket_path, connect, first_client=first, description=description
+        socket_path, connect, first_client=first, description=description, ledger=ledger
     )
     client: UMBPClientLike = reconnecting
     max_value_bytes = None

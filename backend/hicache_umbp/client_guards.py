@@ -117,8 +117,12 @@ class ReconnectingClient:
         first_client: Any = None,
         description: str = "",
         log_interval_s: float = 30.0,
+        ledger: Callable[[bool], None] | None = None,
     ) -> None:
         self.socket_path = socket_path
+        # ledger(True) after a registration the server holds, ledger(False) once none is left
+        # (hicache_umbp.standalone_reaper: what a crashed process leaves mapped is released).
+        self._ledger = ledger
         self._connect = connect
         self._identity = socket_identity(socket_path)
         self._client: Any = (
@@ -176,13 +180,27 @@ class ReconnectingClient:
         else:
             del client
         if ok is not True and self._generation != generation:
-            return self._client.register_memory(ptr, size) is True  # the swap may have run
+            ok = self._client.register_memory(ptr, size)  # the swap may have run
+        if ok is True:
+            self._note(True)
         return ok is True
 
     def deregister_memory(self, ptr: int) -> None:
         with self._lock:
             self._registered.pop(ptr, None)
+            empty = not self._registered
         self._client.deregister_memory(ptr)
+        if empty:
+            self._note(False)
+
+    def _note(self, registered: bool) -> None:
+        if self._ledger is None:
+            return
+        try:
+            self._ledger(registered)
+        except OSError as e:  # bookkeeping must never fail the data path
+            self._warn.warn("ledger", "%s: registration ledger not updated: %r",
+                            self._description, e)
 
     def flush(self) -> bool:
         return self._client.flush() is True
@@ -284,6 +302,8 @@ class ReconnectingClient:
             self.reconnects += 1
             self.last_connect_s = connect_s
             self.last_reconnect_s = time.monotonic() - started
+        if self._registered:
+            self._note(True)  # the new client's id must be in the ledger too
         log.warning(
             "%s was restarted: new client in place %.3f s after the first failure (connect "
             "%.3f s), %d buffer(s) registered again%s", self._description,

@@ -178,7 +178,7 @@ def test_cli_dry_run_prints_command_and_environment(mi355x: FakeNode) -> None:
     assert "  HICACHE_TP_SIZE=8" in lines
     assert not any(line.startswith(("* PATH", "  PATH")) for line in lines)
     steps = [line.split(":")[1].strip() for line in out.stderr.splitlines()]
-    assert steps == ["config", "gpus", "hugepages", "ssd", "standalone", "command"]
+    assert steps == ["config", "gpus", "standalone", "hugepages", "ssd", "command"]
     assert not mi355x.p("/var/run/hicache").exists()  # a dry run writes no report
 
 

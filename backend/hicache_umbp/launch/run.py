@@ -1,4 +1,4 @@
-"""The launch sequence: config, GPUs and NUMA, hugepages, SSD, sidecars, command, report.
+"""The launch sequence: config, GPUs and NUMA, sidecars, hugepages, SSD, command, report.
 
 :func:`plan_launch` runs steps 1-6 and returns what to exec; it never execs, so tests and
 ``--dry-run`` share every line of it. Each step logs one line a human can read; warnings are
@@ -20,7 +20,7 @@ from .hugepages import check_hugepages
 from .noderoot import NodeRoot
 from .report import new_report
 from .ssd import IoUringProbe, io_uring_syscall_probe, prepare_ssd
-from .standalone import wait_for_sidecars
+from .standalone import release_dead_registrations, wait_for_sidecars
 from .units import fmt_bytes
 
 log = logging.getLogger("hicache_umbp.launch")
@@ -113,7 +113,24 @@ def plan_launch(
                 and any(b > 0 for b in store.umbp_dram_bytes)):
             resolved["umbp_dram_numa"] = numa
 
-    # 3. hugepages
+    # 3. standalone sidecars: before the hugepage check, which needs what a dead engine left
+    # mapped in them
+    if store.umbp_mode == "standalone":
+        sa = wait_sidecars(root, store)
+        report["standalone"] = sa.as_dict()
+        log.info("standalone: %d sidecar socket(s) accept connections after %.1f s",
+                 len(sa.sockets), sa.waited_s)
+        released = release_dead_registrations(root, store, dry_run=dry_run)
+        report["standalone"]["released"] = released
+        for r in released:
+            log.warning("standalone: %s the host pool registration(s) a previous engine "
+                        "process (pid %s) left in the umbp-%s sidecar (it did not exit "
+                        "cleanly)", "released" if r["released"] else "would release",
+                        r["pid"], r["medium"])
+    else:
+        log.info("standalone: not used (%s mode)", store.umbp_mode)
+
+    # 4. hugepages
     hp = check_hugepages(root, cfg, numa)
     report["hugepages"] = {"backing": hp.backing, "fallback_to_4k": hp.fallback_to_4k,
                            "sizes": [c.as_dict() for c in hp.checks]}
@@ -139,7 +156,7 @@ def plan_launch(
     log.info("hugepages: %s: %s", summary,
              "FALLBACK to 4 KiB pages" if hp.fallback_to_4k else "ok")
 
-    # 4. SSD tier
+    # 5. SSD tier
     ssd = prepare_ssd(root, cfg, io_uring_probe)
     if ssd is None:
         log.info("ssd: no embedded SSD tier (%s)",
@@ -155,15 +172,6 @@ def plan_launch(
         log.info("ssd: %d rank dir(s) under %s, %s planned, %s free, io %s: ok",
                  len(ssd.rank_dirs), ssd.mount, fmt_bytes(ssd.capacity_bytes),
                  fmt_bytes(ssd.free_bytes), ssd.io_backend)
-
-    # 5. standalone sidecars
-    if store.umbp_mode == "standalone":
-        sa = wait_sidecars(root, store)
-        report["standalone"] = sa.as_dict()
-        log.info("standalone: %d sidecar socket(s) accept connections after %.1f s",
-                 len(sa.sockets), sa.waited_s)
-    else:
-        log.info("standalone: not used (%s mode)", store.umbp_mode)
 
     # 6. the command
     command = render_command(cfg, resolved)

@@ -1,4 +1,7 @@
-"""Standalone mode: wait until the ``umbp_standalone_server`` sidecars accept connections.
+"""Standalone mode: wait until the ``umbp_standalone_server`` sidecars accept connections, then
+release what a previous engine process of this pod left registered with them
+(:mod:`hicache_umbp.standalone_reaper`: mori keeps a dead client's host pool mapped, and with
+it the pod's hugepages, until the sidecar exits).
 
 Each sidecar serves one medium at ``unix:<socket_dir>/<medium>.sock`` (``dram``, plus ``ssd``
 when the SSD tier is on). mori 1.2.4's server listens on two sockets for that address: the gRPC
@@ -18,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .. import standalone_reaper
 from ..client import standalone_socket_path
 from ..config import BY_KEY, Medium, StoreConfig
 from .errors import LaunchError
@@ -103,3 +107,30 @@ def wait_for_sidecars(
             )
         sleep(min(delay, max(timeout - elapsed, 0.0)))
         delay = min(delay * 2, _POLL_MAX_S)
+
+
+def release_dead_registrations(
+    root: NodeRoot, store: StoreConfig, *, dry_run: bool = False
+) -> list[dict[str, object]]:
+    """Deregister every client a previous engine process left in the sidecars' ledger.
+
+    Runs before the hugepage check: the memory it frees is what this engine's pool needs. With
+    ``dry_run`` it only reports what it would release.
+    """
+    out: list[dict[str, object]] = []
+    for m in media(store):
+        path = str(root.path(standalone_socket_path(store.umbp_socket_dir, m)))
+        if dry_run:
+            out += [{"medium": m, "pid": pid, "clients": opened, "released": False}
+                    for _, pid, opened in standalone_reaper.pending(path)]
+            continue
+        try:
+            reaped = standalone_reaper.reap(path)
+        except standalone_reaper.ReapError as e:
+            raise LaunchError(
+                "StandaloneServerUnavailable",
+                f"the umbp-{m} sidecar did not release the host pool a previous engine "
+                f"process registered ({e}); restart the pod to free its memory") from e
+        out += [{"medium": m, "pid": r.pid, "clients": len(r.client_ids), "released": True}
+                for r in reaped]
+    return out
