@@ -25,23 +25,25 @@ pytestmark = pytest.mark.mori
 MIB = 1 << 20
 POOL = 32 * MIB  # 16 hugepages
 
-ENGINE = """
+ENGINE = f"""
 import ctypes, os, signal, sys
 from hicache_umbp.allocator import HostAllocator
 from hicache_umbp.client import make_standalone_client
-pool = HostAllocator(hugepage_bytes=2 << 20, numa_node=-1, prefault=True, shared=True).alloc({pool})
-clients = [make_standalone_client(path, medium) for path, medium in zip(sys.argv[1::2], sys.argv[2::2])]
-ctypes.memset(pool.ptr, 7, {pool})
+allocator = HostAllocator(hugepage_bytes=2 << 20, numa_node=-1, prefault=True, shared=True)
+pool = allocator.alloc({POOL})
+args = sys.argv[1:]
+clients = [make_standalone_client(p, m) for p, m in zip(args[::2], args[1::2])]
+ctypes.memset(pool.ptr, 7, {POOL})
 for c in clients:
-    assert c.client.register_memory(pool.ptr, {pool}) is True
-    assert c.client.batch_put_from_ptr(["k"], [pool.ptr], [{mib}]) == [True]
+    assert c.client.register_memory(pool.ptr, {POOL}) is True
+    assert c.client.batch_put_from_ptr(["k"], [pool.ptr], [{MIB}]) == [True]
 if os.environ.get("CLEAN") == "1":
     for c in clients:
         c.client.deregister_memory(pool.ptr)
     sys.exit(0)
 print(os.getpid(), flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
-""".format(pool=POOL, mib=MIB)
+"""
 
 
 def run_engine(servers: list[tuple[str, str]], clean: bool = False) -> None:
