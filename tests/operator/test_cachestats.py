@@ -199,3 +199,21 @@ def test_scrape_refuses_oversized_pages_and_dead_ports(metrics_server: dict[str,
     with pytest.raises(ScrapeError):
         scrape_cache_figures("http://127.0.0.1:9", timeout_s=1.0)
     assert pod_url("fd00::1", 30000) == "http://[fd00::1]:30000/metrics"
+
+
+def test_real_pages_captured_from_the_pod_tier_reduce_to_what_the_clients_were_told() -> None:
+    """Real: /metrics pages of SGLang 0.5.23 serving the CPU example pods with our backend
+    (captured by tests/pod with HICACHE_CAPTURE_METRICS_DIR). The embedded pod served a cold
+    prompt of 1681 tokens, the same prompt from the device (1680 cached), four 2144-token fillers
+    and the prompt again from the host pool (1680); the standalone pod, restarted, served it
+    once from L3 (1680 of 1681)."""
+    embedded = parse_pod((FIXTURES / "real-0.5.23-tp1-umbp-embedded.txt").read_text())
+    figures = aggregate([embedded])
+    assert figures.hit_ratio("device") == pytest.approx(1680 / 12259)
+    assert figures.hit_ratio("host") == pytest.approx(1680 / 12259)
+    assert figures.hit_ratio("storage") == 0
+    assert figures.l3_writes == "Ok"  # every page backed up to the host reached L3 (7104)
+    restarted = figures_from_pages(
+        [(FIXTURES / "real-0.5.23-tp1-umbp-standalone-after-restart.txt").read_text()])
+    assert restarted.hit_ratio("storage") == pytest.approx(1680 / 1681)
+    assert restarted.hit_ratio("device") == restarted.hit_ratio("host") == 0

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from .harness import Client, load_cr, plan_pod, start_pod
-from .test_serving_pod import PROMPT, fillers
+from .test_serving_pod import PROMPT, assert_operator_reads, capture_metrics, fillers
 
 pytestmark = pytest.mark.pod
 
@@ -46,5 +46,7 @@ def test_standalone_l3_serves_storage_hits_after_an_engine_restart(
         assert warm["text"] == cold["text"]
         metrics = c.metrics()
         assert 'sglang:cached_tokens_total{cache_source="storage"' in metrics
+        assert_operator_reads(30001, [warm])  # the restarted server counts from zero
+        capture_metrics(metrics, "tp1-umbp-standalone-after-restart")
     finally:
         pod.close()

@@ -10,7 +10,9 @@ device SGLang computes on (CPU, via tests/cpu_engine). See tests/pod/runtime.py.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +27,33 @@ def fillers(n: int) -> list[str]:
     return [" ".join(f"other{i} filler{j} text" for j in range(120)) for i in range(n)]
 
 
+def capture_metrics(text: str, name: str) -> None:
+    """Keep a real /metrics page as a fixture (HICACHE_CAPTURE_METRICS_DIR=tests/fixtures/...)."""
+    target = os.environ.get("HICACHE_CAPTURE_METRICS_DIR")
+    if target:
+        Path(target, f"real-0.5.23-{name}.txt").write_text(text)
+
+
+def expected_ratios(responses: list[dict[str, Any]]) -> dict[str, float]:
+    """Hit ratio per tier from what SGLang told each client (meta_info)."""
+    prompt = sum(r["meta_info"]["prompt_tokens"] for r in responses)
+    out = {}
+    for tier in ("device", "host", "storage"):
+        cached = sum((r["meta_info"].get("cached_tokens_details") or {}).get(tier, 0)
+                     for r in responses)
+        out[tier] = cached / prompt
+    return out
+
+
+def assert_operator_reads(port: int, responses: list[dict[str, Any]]) -> None:
+    """The operator's own scraper (status.cache) agrees with what the clients were told."""
+    from hicache_operator.cachestats import scrape_cache_figures
+
+    figures = scrape_cache_figures(f"http://127.0.0.1:{port}")
+    for tier, want in expected_ratios(responses).items():
+        assert figures.hit_ratio(tier) == pytest.approx(want, abs=1e-9), tier
+
+
 @pytest.mark.timeout(900)
 def test_embedded_pod_serves_with_host_hits(node, image, workdir: Path, models_dir: Path) -> None:
     planned = plan_pod(load_cr("cpu/tiny-llama-embedded.yaml"))
@@ -35,10 +64,16 @@ def test_embedded_pod_serves_with_host_hits(node, image, workdir: Path, models_d
         cold = c.generate(PROMPT)
         again = c.generate(PROMPT)
         assert again["meta_info"]["cached_tokens_details"]["device"] > 0
-        for text in fillers(4):
-            c.generate(text)
+        pushed = [c.generate(text) for text in fillers(4)]
         host = c.generate(PROMPT)
         assert host["meta_info"]["cached_tokens_details"]["host"] > 0, host["meta_info"]
         assert cold["text"] == again["text"] == host["text"]
+        assert_operator_reads(30000, [cold, again, *pushed, host])
+        capture_metrics(c.metrics(), "tp1-umbp-embedded")
+        liveness = pod.container("engine")
+        from .podspec import probe
+
+        ok, msg = pod.run_probe(liveness, probe(liveness.spec, "livenessProbe"))
+        assert ok, f"the pod's own liveness probe fails on a serving engine: {msg}"
     finally:
         pod.close()
