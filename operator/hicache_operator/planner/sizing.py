@@ -26,6 +26,12 @@ write-back ring budget per rank (``spec.l3.tiering.queueSize``).
   with 10 % headroom, the tmpfs, and the host buffers not in hugepages (sized exactly, no
   headroom on them). An explicit memory must cover ``shm + 4 KiB-backed pools + ring + SSD
   staging + 4 GiB``.
+* SGLang's own host-memory check (``pool_host/base.py``): before it allocates a host pool it
+  requires ``limit - usage - 10 GiB >= R * H`` (``HICACHE_HOST_MEMORY_RESERVE_BYTES``), with
+  ``usage`` about the process memory. For a 4 KiB-backed host pool the engine memory is therefore
+  at least ``4 GiB + 10 GiB + R * H`` (auto sizing always is; an explicit memory below it is
+  refused). A hugepage-backed pool is checked against hugepages instead (the backend's host
+  allocator hook), so the reserve does not apply to it.
 * engine CPUs (auto) = ``4 + 8 * R``; each standalone sidecar gets 2 CPUs and 2 GiB (SSD: 4 GiB
   for its staging buffers) plus its 4 KiB-backed pool. Every container has integer CPUs and
   requests == limits, so the pod is Guaranteed QoS and the static CPU / Memory Managers can
@@ -55,6 +61,8 @@ PAGE_4K = 4 * KIB
 ENGINE_BASE_MEMORY = 16 * GIB
 ENGINE_MEMORY_PER_RANK = 12 * GIB
 ENGINE_MIN_PROCESS_MEMORY = 4 * GIB
+#: SGLang 0.5.23's HICACHE_HOST_MEMORY_RESERVE_BYTES: headroom its host-pool check keeps free.
+SGLANG_HOST_MEMORY_RESERVE = 10 * GIB
 MEMORY_HEADROOM = (11, 10)  # x 1.1
 ENGINE_BASE_CPU = 4
 ENGINE_CPU_PER_RANK = 8
@@ -222,7 +230,8 @@ def size_pod(
             )
 
     engine_mem = _engine_memory(
-        spec, ranks, shm, four_k_pools, ring_total + staging_total, problems, lines
+        spec, ranks, shm, four_k_pools, ring_total + staging_total, problems, lines,
+        sglang_checked_pool=0 if host_page else host_r * ranks,
     )
     engine_cpu = (
         ENGINE_BASE_CPU + ENGINE_CPU_PER_RANK * ranks if res.cpu == "auto" else int(res.cpu)
@@ -281,18 +290,34 @@ def _engine_memory(
     l3_buffers: int,
     problems: Problems,
     lines: list[str],
+    *,
+    sglang_checked_pool: int = 0,
 ) -> int:
-    """``l3_buffers``: the write-back ring plus the embedded SSD staging (module docstring)."""
-    minimum = shm + four_k_pools + l3_buffers + ENGINE_MIN_PROCESS_MEMORY
+    """``l3_buffers``: the write-back ring plus the embedded SSD staging; ``sglang_checked_pool``:
+    the 4 KiB-backed host pools SGLang checks against the memory limit (module docstring)."""
+    runtime = shm + four_k_pools + l3_buffers + ENGINE_MIN_PROCESS_MEMORY
+    check = (ENGINE_MIN_PROCESS_MEMORY + SGLANG_HOST_MEMORY_RESERVE + sglang_checked_pool
+             if sglang_checked_pool else 0)
+    minimum = max(runtime, check)
     if spec.resources.memory != "auto":
         mem = parse_bytes(spec.resources.memory, field="resources.memory")
-        if mem < minimum:
+        if mem < runtime:
             problems.add(
                 "spec.resources.memory",
                 f"{spec.resources.memory} ({mem} B) is below what the engine needs outside "
                 f"hugepages: /dev/shm {shm} B + 4 KiB-backed pools {four_k_pools} B + "
                 f"L3 ring and SSD staging {l3_buffers} B + "
-                f"{ENGINE_MIN_PROCESS_MEMORY} B process = {minimum} B",
+                f"{ENGINE_MIN_PROCESS_MEMORY} B process = {runtime} B",
+            )
+        elif mem < check:
+            problems.add(
+                "spec.resources.memory",
+                f"{spec.resources.memory} ({mem} B) is below what SGLang's host-memory check "
+                f"requires before it allocates the 4 KiB-backed host pool: "
+                f"{ENGINE_MIN_PROCESS_MEMORY} B process + {SGLANG_HOST_MEMORY_RESERVE} B "
+                f"SGLang reserve + {sglang_checked_pool} B pool = {check} B (SGLang would "
+                f"refuse with 'Not enough host memory available'); raise it, or back the host "
+                f"pool with hugepages (spec.hiCache.hostAllocator.hugePageSize)",
             )
         return mem
     if spec.hi_cache.host_pool_ratio is not None:
@@ -304,7 +329,8 @@ def _engine_memory(
         )
     overhead = ENGINE_BASE_MEMORY + ENGINE_MEMORY_PER_RANK * ranks
     num, den = MEMORY_HEADROOM
-    mem = round_up(-(-overhead * num // den) + shm + four_k_pools + l3_buffers, GIB)
+    mem = round_up(max(-(-overhead * num // den) + shm + four_k_pools + l3_buffers, minimum),
+                   GIB)
     lines.append(
         f"engine memory = roundup_GiB(1.1 x ({format_bytes(ENGINE_BASE_MEMORY)} + "
         f"{format_bytes(ENGINE_MEMORY_PER_RANK)} x {ranks} ranks) + shm {format_bytes(shm)} + "
