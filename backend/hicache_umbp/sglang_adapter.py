@@ -156,6 +156,7 @@ class UMBPHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # sglang is unt
         self._check_parallelism(storage_config)
         self.is_mla = bool(storage_config.is_mla_model)
         self.is_writer = bool(storage_config.is_storage_writer)
+        self._check_mla_store(storage_config)
         self.split_factor = 1
         if storage_config.should_split_heads:
             if not self.interface_v1:
@@ -196,6 +197,22 @@ class UMBPHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # sglang is unt
         )
 
     # ------------------------------------------------------------------ construction helpers
+
+    def _check_mla_store(self, cfg: HiCacheStorageConfig) -> None:
+        """An MLA model sharded over TP ranks needs one store every rank reads.
+
+        SGLang backs an MLA page up from the storage writer (attention-TP rank 0) only and
+        prefetches the minimum of the ranks' ``batch_exists``; per-rank embedded stores would
+        never hit (docs/architecture.md, "MLA"). ``tp_size`` is the attention TP size here.
+        """
+        if self.is_mla and cfg.tp_size > 1 and self.config.umbp_mode == "embedded":
+            raise ConfigError(
+                [f"MLA model with attention tensor parallelism {cfg.tp_size}: SGLang backs MLA "
+                 "pages up from TP rank 0 only and prefetches the minimum of the ranks' hits, "
+                 "so an embedded (per-rank) UMBP store would never hit; use umbp_mode "
+                 "standalone (spec.l3.mode: standalone, and spec.model.attention: mla to have "
+                 "the operator check it at admission)"]
+            )
 
     @staticmethod
     def _check_parallelism(cfg: HiCacheStorageConfig) -> None:

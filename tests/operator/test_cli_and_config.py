@@ -30,7 +30,7 @@ def test_plan_summary(capsys: pytest.CaptureFixture[str]) -> None:
         "single-numa-node compatible: NO",
         "--hicache-size 214",
         "StatefulSet/deepseek-r1",
-        "/mnt/umbp-ssd/rank-7",
+        "umbp-ssd: umbp_standalone_server unix:/var/run/umbp/ssd.sock",
     ):
         assert fragment in out, fragment
 

@@ -52,11 +52,11 @@ def _configmap_env(objects: list[dict[str, Any]]) -> dict[str, str]:
 # ----------------------------------------------------------------------------- sizing
 
 
-def test_deepseek_sizing_by_hand() -> None:
-    """8 ranks x 200Gi on 2Mi pages = 1600Gi hugepages; memory = roundup(1.1 x (16 + 12 x 8))
-    = 123.2Gi + shm 32Gi + 4 KiB-backed UMBP DRAM 512Gi + write-back rings 8 x 1Gi + embedded
-    SSD staging 8 x 16 x 8Mi = 1Gi = 676.2Gi -> 677Gi; cpu 4 + 8 x 8."""
-    p = plan(_cr("deepseek-r1-mi355x.yaml"), CONFIG)
+def test_tp8_embedded_sizing_by_hand() -> None:
+    """llama-405b: 8 ranks x 200Gi on 2Mi pages = 1600Gi hugepages; memory = roundup(1.1 x
+    (16 + 12 x 8)) = 123.2Gi + shm 32Gi + 4 KiB-backed UMBP DRAM 512Gi + write-back rings
+    8 x 1Gi + embedded SSD staging 8 x 16 x 8Mi = 1Gi = 676.2Gi -> 677Gi; cpu 4 + 8 x 8."""
+    p = plan(_cr("llama-3.1-405b-mi355x.yaml"), CONFIG)
     res = _engine(p.objects)["resources"]
     expected = {"cpu": "68", "memory": "677Gi", "hugepages-2Mi": "1600Gi", "amd.com/gpu": "8"}
     assert res["limits"] == expected
@@ -224,7 +224,7 @@ def test_dp_attention_shares_tp_gpus_and_needs_divisible_sizes() -> None:
 
 
 def test_env_is_what_the_backend_reads_back() -> None:
-    p = plan(_cr("deepseek-r1-mi355x.yaml"), CONFIG)
+    p = plan(_cr("llama-3.1-405b-mi355x.yaml"), CONFIG)
     env = _configmap_env(p.objects)
     assert all(k.startswith("HICACHE_") for k in env)
     cfg = load_launch_config(env)
@@ -232,11 +232,11 @@ def test_env_is_what_the_backend_reads_back() -> None:
     assert cfg.store.umbp_dram_bytes == (64 * GI,) * 8
     assert cfg.store.umbp_ssd_bytes == (384 * GI,) * 8
     assert cfg.store.umbp_local_ranks == 8 and cfg.tp_size == 8
-    assert cfg.store.umbp_namespace == "inference/deepseek-r1"
+    assert cfg.store.umbp_namespace == "inference/llama-405b"
     assert cfg.numa_policy == "auto"
     assert env["HICACHE_HOST_POOL_BYTES"] == str(200 * GI)  # plain bytes, never "200Gi"
     engine = _engine(p.objects)
-    assert engine["envFrom"] == [{"configMapRef": {"name": "deepseek-r1-hicache"}}]
+    assert engine["envFrom"] == [{"configMapRef": {"name": "llama-405b-hicache"}}]
     assert engine["command"] == ["python", "-m", "hicache_umbp.launch"]
 
 
@@ -469,7 +469,7 @@ def test_ssd_capacity_above_volume_minus_headroom() -> None:
 
 
 def test_pvc_ssd_via_volume_claim_templates() -> None:
-    p = plan(_cr("deepseek-r1-mi355x.yaml"), CONFIG)
+    p = plan(_cr("llama-3.1-405b-mi355x.yaml"), CONFIG)
     sts = p.objects[-1]
     (claim,) = sts["spec"]["volumeClaimTemplates"]
     assert claim["spec"]["storageClassName"] == "local-nvme"

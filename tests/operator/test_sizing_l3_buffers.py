@@ -46,7 +46,7 @@ def _env(p: Plan) -> dict[str, str]:
 
 @pytest.mark.parametrize(
     ("example", "ranks"),
-    [("deepseek-r1-mi355x.yaml", 8), ("llama-3.1-70b-mi355x.yaml", 4)],  # embedded, standalone
+    [("llama-3.1-405b-mi355x.yaml", 8), ("llama-3.1-70b-mi355x.yaml", 4)],  # embedded, standalone
 )
 def test_the_ring_is_counted_per_rank_when_dram_and_ssd_tiers_are_on(
     example: str, ranks: int
@@ -68,13 +68,13 @@ def test_no_ring_without_both_tiers() -> None:
     def ssd_only(s: dict[str, Any]) -> None:
         s["l3"]["dram"]["capacity"] = 0
 
-    p = _plan("deepseek-r1-mi355x.yaml", ssd_only)
+    p = _plan("llama-3.1-405b-mi355x.yaml", ssd_only)
     assert p.sizing.ring_total == 0
     assert p.sizing.ssd_staging_total == 8 * SSD_STAGING_SLOTS * SSD_VALUE_BYTES_DEFAULT
 
 
 def test_embedded_ssd_staging_is_counted_in_the_engine_standalone_in_the_sidecar() -> None:
-    embedded = _plan("deepseek-r1-mi355x.yaml")
+    embedded = _plan("llama-3.1-405b-mi355x.yaml")
     assert embedded.sizing.ssd_staging_total == 8 * 16 * 8 * MI == GI
     assert _plan("llama-3.1-70b-mi355x.yaml").sizing.ssd_staging_total == 0
     assert _plan("minimal-dram-only.yaml").sizing.ssd_staging_total == 0
@@ -82,7 +82,7 @@ def test_embedded_ssd_staging_is_counted_in_the_engine_standalone_in_the_sidecar
 
 def test_a_queue_size_below_one_page_is_rejected_with_the_arithmetic() -> None:
     with pytest.raises(SpecError) as err:
-        _plan("deepseek-r1-mi355x.yaml", _queue("8Mi"))
+        _plan("llama-3.1-405b-mi355x.yaml", _queue("8Mi"))
     assert any(
         path == "spec.l3.tiering.queueSize" and "8388608 B" in msg and "16777216 B" in msg
         for path, msg in err.value.problems
@@ -90,24 +90,24 @@ def test_a_queue_size_below_one_page_is_rejected_with_the_arithmetic() -> None:
 
 
 def test_an_explicit_memory_must_cover_the_ring_and_the_staging() -> None:
-    """deepseek: shm 32Gi + 4 KiB DRAM 512Gi + rings 8Gi + staging 1Gi + process 4Gi = 557Gi."""
+    """llama-405b: shm 32Gi + 4 KiB DRAM 512Gi + rings 8Gi + staging 1Gi + process 4Gi = 557Gi."""
 
     def memory(m: str) -> Callable[[dict[str, Any]], None]:
         return lambda s: s.update(resources={"memory": m})
 
     with pytest.raises(SpecError) as err:
-        _plan("deepseek-r1-mi355x.yaml", memory("556Gi"))
+        _plan("llama-3.1-405b-mi355x.yaml", memory("556Gi"))
     assert any(
         path == "spec.resources.memory" and f"{9 * GI} B" in msg and f"{557 * GI} B" in msg
         for path, msg in err.value.problems
     ), err.value.problems
-    assert _plan("deepseek-r1-mi355x.yaml", memory("557Gi")).sizing.engine.memory_bytes == (
+    assert _plan("llama-3.1-405b-mi355x.yaml", memory("557Gi")).sizing.engine.memory_bytes == (
         557 * GI
     )
 
 
 def test_the_summary_shows_the_ring_and_staging_arithmetic() -> None:
-    text = render_summary(_plan("deepseek-r1-mi355x.yaml"))
+    text = render_summary(_plan("llama-3.1-405b-mi355x.yaml"))
     assert f"write-back ring = 8 ranks x queueSize {GI} B = {8 * GI} B" in text
     assert (
         f"SSD staging = 8 ranks x {SSD_STAGING_SLOTS} slots x {SSD_VALUE_BYTES_DEFAULT} B" in text

@@ -82,6 +82,15 @@ class ModelSource(ApiModel):
         "the operator mounts itself (/dev/shm, /var/run/hicache, /var/run/umbp, /mnt/umbp-ssd) "
         "nor inside or above one.",
     )
+    attention: Literal["auto", "mha", "mla"] = Field(
+        default="auto",
+        description="The model's attention KV layout: mla (multi-head latent attention: "
+        "DeepSeek-V2/V3/R1, Kimi K2; one latent KV cache replicated on every TP rank), mha "
+        "(every other model; each TP rank holds its own heads) or auto (the engine finds out "
+        "at start). With mla and attention tensor parallelism > 1 the L3 tier must be one "
+        "store per pod (l3.mode standalone), which the operator then checks at admission; "
+        "with auto the engine refuses to start in that case.",
+    )
 
 
 class Engine(ApiModel):

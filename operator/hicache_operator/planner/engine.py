@@ -79,6 +79,45 @@ def check_parallelism(spec: SGLangHiCacheSpec, problems: Problems) -> int:
     return ranks
 
 
+def attention_tp_size(spec: SGLangHiCacheSpec) -> int:
+    """Ranks that hold one copy of an MLA KV cache: the TP group, split by DP attention."""
+    e = spec.engine
+    if e.enable_dp_attention and e.data_parallel_size > 1:
+        return max(e.tensor_parallel_size // e.data_parallel_size, 1)
+    return e.tensor_parallel_size
+
+
+def check_mla_l3(spec: SGLangHiCacheSpec, problems: Problems) -> None:
+    """MLA with attention TP > 1 needs one L3 store per pod.
+
+    SGLang 0.5.23 backs an MLA page up from attention-TP rank 0 only (``backup_skip``) and
+    prefetches the minimum of the ranks' ``batch_exists``: with an embedded store per rank the
+    other ranks never see a page, so the minimum is always 0 (measured in the pod tier: no L3
+    hit at all) and N-1 of N per-rank stores stay empty. A standalone sidecar is one store every
+    rank reads.
+    """
+    tp = attention_tp_size(spec)
+    if spec.model.attention == "mla" and tp > 1 and spec.l3.mode == "embedded":
+        problems.add(
+            "spec.l3.mode",
+            f"an MLA model with attention tensor parallelism {tp} cannot use an embedded L3: "
+            "SGLang backs MLA pages up from TP rank 0 only and prefetches the minimum of the "
+            "ranks' hits, so per-rank stores never hit; use l3.mode standalone (one store "
+            "per pod that every rank reads)",
+        )
+
+
+def mla_warnings(spec: SGLangHiCacheSpec) -> list[str]:
+    """``attention: auto`` with attention TP > 1 and an embedded L3: fine for MHA, not MLA."""
+    tp = attention_tp_size(spec)
+    if spec.model.attention == "auto" and tp > 1 and spec.l3.mode == "embedded":
+        return [f"model.attention is auto with attention tensor parallelism {tp} and an "
+                "embedded L3: if the model is MLA (DeepSeek-V2/V3/R1, Kimi K2) the engine "
+                "refuses to start (per-rank stores never hit); set model.attention (mla needs "
+                "l3.mode standalone)"]
+    return []
+
+
 def check_user_args_and_env(spec: SGLangHiCacheSpec, problems: Problems) -> None:
     for i, arg in enumerate(spec.engine.extra_args):
         flag = owned_flag(arg)

@@ -30,8 +30,10 @@ from ..builders import (
 from .engine import (
     SOCKET_DIR,
     EngineEnv,
+    check_mla_l3,
     check_parallelism,
     check_user_args_and_env,
+    mla_warnings,
     plan_engine_env,
 )
 from .errors import Problems, SpecError
@@ -110,6 +112,7 @@ def plan(
     check_user_args_and_env(spec, problems)
     check_pod_inputs(spec, problems)
     ranks = check_parallelism(spec, problems)
+    check_mla_l3(spec, problems)
     if spec.l3.mode == "standalone" and parse_bytes(spec.l3.dram.capacity) == 0:
         problems.add(
             "spec.l3.dram.capacity",
@@ -223,6 +226,7 @@ def _warnings(
             f"{spec.replicas}: no pod is updated to a new template until it is lowered"
         )
     out.extend(model_path_warnings(spec))
+    out.extend(mla_warnings(spec))
     if tolerates_unhealthy(tolerations):
         out.append(
             "a toleration matches the amd-gpu-unhealthy taint: pods may land on GPUs "

@@ -231,7 +231,7 @@ def size_pod(
 
     engine_mem = _engine_memory(
         spec, ranks, shm, four_k_pools, ring_total + staging_total, problems, lines,
-        sglang_checked_pool=0 if host_page else host_r * ranks,
+        sglang_checked_pool=None if host_page else host_r * ranks,
     )
     engine_cpu = (
         ENGINE_BASE_CPU + ENGINE_CPU_PER_RANK * ranks if res.cpu == "auto" else int(res.cpu)
@@ -291,13 +291,14 @@ def _engine_memory(
     problems: Problems,
     lines: list[str],
     *,
-    sglang_checked_pool: int = 0,
+    sglang_checked_pool: int | None = None,
 ) -> int:
     """``l3_buffers``: the write-back ring plus the embedded SSD staging; ``sglang_checked_pool``:
-    the 4 KiB-backed host pools SGLang checks against the memory limit (module docstring)."""
+    the 4 KiB-backed host pools SGLang checks against the memory limit (0 when sized by ratio;
+    ``None`` for a hugepage pool, which is checked against hugepages), module docstring."""
     runtime = shm + four_k_pools + l3_buffers + ENGINE_MIN_PROCESS_MEMORY
-    check = (ENGINE_MIN_PROCESS_MEMORY + SGLANG_HOST_MEMORY_RESERVE + sglang_checked_pool
-             if sglang_checked_pool else 0)
+    check = (0 if sglang_checked_pool is None else
+             ENGINE_MIN_PROCESS_MEMORY + SGLANG_HOST_MEMORY_RESERVE + sglang_checked_pool)
     minimum = max(runtime, check)
     if spec.resources.memory != "auto":
         mem = parse_bytes(spec.resources.memory, field="resources.memory")
@@ -315,7 +316,7 @@ def _engine_memory(
                 f"{spec.resources.memory} ({mem} B) is below what SGLang's host-memory check "
                 f"requires before it allocates the 4 KiB-backed host pool: "
                 f"{ENGINE_MIN_PROCESS_MEMORY} B process + {SGLANG_HOST_MEMORY_RESERVE} B "
-                f"SGLang reserve + {sglang_checked_pool} B pool = {check} B (SGLang would "
+                f"SGLang reserve + {sglang_checked_pool or 0} B pool = {check} B (SGLang would "
                 f"refuse with 'Not enough host memory available'); raise it, or back the host "
                 f"pool with hugepages (spec.hiCache.hostAllocator.hugePageSize)",
             )

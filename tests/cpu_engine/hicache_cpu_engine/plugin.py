@@ -8,7 +8,9 @@ this package installed by mistake is left untouched.
 1. Host pools are built with ``pin_memory=False``. SGLang pins host pools with
    ``cudaHostRegister`` (``Found no NVIDIA driver`` on CPU) and allocates its flat legacy pages
    with ``pin_memory=self.pin_memory``.
-2. ``pool_host/mha.py`` and ``mla.py`` bind the ``sgl_kernel.kvcacheio`` transfer ops only on
+2. Parallel groups never open PyNccl (CUDA only): with TP > 1 the CPU paths of SGLang's
+   GroupCoordinator reduce over gloo.
+3. ``pool_host/mha.py`` and ``mla.py`` bind the ``sgl_kernel.kvcacheio`` transfer ops only on
    CUDA/HIP/XPU, so the first device<->host copy on CPU is a ``NameError``; the pure-torch ops of
    :mod:`hicache_cpu_engine.kvcacheio` are put into those modules' namespaces.
 """
@@ -24,6 +26,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 HOST_POOL_INIT = "sglang.srt.mem_cache.pool_host.base.HostKVCache.__init__"
+PARALLEL_GROUP = "sglang.srt.distributed.parallel_state.init_model_parallel_group"
 POOL_MODULES = ("sglang.srt.mem_cache.pool_host.mha", "sglang.srt.mem_cache.pool_host.mla")
 
 _applied = False
@@ -49,9 +52,19 @@ def plugin() -> None:
             if not hasattr(module, op):
                 setattr(module, op, getattr(kvcacheio, op))
     HookRegistry.register(HOST_POOL_INIT, _unpinned_host_pool, HookType.AROUND)
+    HookRegistry.register(PARALLEL_GROUP, _gloo_only_group, HookType.AROUND)
     HookRegistry.apply_hooks()
     _applied = True
     log.info("hicache_cpu_engine: CPU HiCache support active (unpinned host pools, torch KV ops)")
+
+
+def _gloo_only_group(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    # TP > 1 on CPU: SGLang would open a PyNccl communicator (CUDA only) for every group; the
+    # CPU paths of GroupCoordinator then use torch.distributed over gloo.
+    bound = inspect.signature(original).bind(*args, **kwargs)
+    bound.arguments["use_pynccl"] = False
+    bound.arguments["use_custom_allreduce"] = False
+    return original(*bound.args, **bound.kwargs)
 
 
 def _unpinned_host_pool(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
