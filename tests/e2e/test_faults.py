@@ -33,8 +33,10 @@ def test_conflicts_on_apply_are_retried(cluster: Cluster, operator: Any) -> None
     cluster.wait_children(cr)
     assert create.fired == 1
     patch = cluster.emu.add_fault(Fault(method="PATCH", plural="configmaps", status=409, times=2))
-    cluster.patch_spec("conflict", {"l3": {**cr["spec"]["l3"], "dram": {"capacity": "300Gi"}}})
-    cr["spec"]["l3"]["dram"] = {"capacity": "300Gi"}
+    # A host pool change reaches the ConfigMap (HICACHE_HOST_POOL_BYTES) in every L3 mode.
+    hicache = {**cr["spec"]["hiCache"], "hostPoolPerRank": "150Gi"}
+    cluster.patch_spec("conflict", {"hiCache": hicache})
+    cr["spec"]["hiCache"]["hostPoolPerRank"] = "150Gi"
     cluster.wait_children(cr)
     assert patch.fired == 2
 

@@ -71,7 +71,7 @@ def _pod_containers(sts: dict[str, Any]) -> list[str]:
 
 
 def test_mode_change_rolls_the_pod_template(cluster: Cluster, operator: Any) -> None:
-    llama = next(p for p in EXAMPLES if "llama" in p.stem)
+    llama = next(p for p in EXAMPLES if "llama-3.1-70b" in p.stem)  # standalone
     cr = example(llama, "modes")
     cluster.apply(cr)
     live = cluster.wait_children(cr)
