@@ -18,9 +18,20 @@ SGLANG_VERSION: Final = "0.5.23"
 # (wheels: cp310 manylinux_2_35 and cp312 manylinux_2_39 only).
 AMD_MORI_VERSION: Final = "1.2.4"
 
-# ROCm flavour of the upstream SGLang image the engine image builds on: the rocm720 flavour is
-# Ubuntu 22.04 + Python 3.10 (glibc 2.35), which is exactly what amd-mori's cp310 wheel needs.
-SGLANG_ROCM_FLAVOUR: Final = "rocm720"
+# The engine's Python and the oldest glibc its base must have. sglang 0.5.23 ships cp311-cp313
+# wheels only and amd-mori 1.2.4 cp310/cp312 only: 3.12 is the one Python both run on, and
+# amd-mori's cp312 wheel is manylinux_2_39 (glibc >= 2.39, an Ubuntu 24.04 base). The test
+# engine environment (scripts/build-engine-env.sh) is the same pairing; a test checks both
+# against the installed wheels' tags (tests/chart/test_image_platform_mori.py) and the image
+# build verifies its base.
+ENGINE_PYTHON: Final = "3.12"
+ENGINE_MIN_GLIBC: Final = "2.39"
+
+# ROCm flavour of the upstream SGLang image the engine image builds on. rocm720 is Ubuntu 22.04 +
+# Python 3.10 (glibc 2.35), which can hold neither sglang 0.5.23 nor mori's cp312 wheel; the
+# rocm724 flavour moved to Ubuntu 24.04 + Python 3.12 (unverified here: no registry access; the
+# Dockerfile's first RUN fails the build with the numbers if the base does not match).
+SGLANG_ROCM_FLAVOUR: Final = "rocm724"
 
 # GPU architecture suffix of the upstream SGLang image: mi35x = gfx950 (MI350X / MI355X).
 SGLANG_GPU_ARCH_SUFFIX: Final = "mi35x"
@@ -34,6 +45,8 @@ ENGINE_BASE_IMAGE: Final = (
 __all__ = [
     "AMD_MORI_VERSION",
     "ENGINE_BASE_IMAGE",
+    "ENGINE_MIN_GLIBC",
+    "ENGINE_PYTHON",
     "SGLANG_GPU_ARCH_SUFFIX",
     "SGLANG_ROCM_FLAVOUR",
     "SGLANG_VERSION",
