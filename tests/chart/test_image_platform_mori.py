@@ -33,7 +33,7 @@ def _version(text: str) -> tuple[int, ...]:
 
 
 def test_the_engine_environment_runs_the_image_python_and_pins() -> None:
-    assert "%d.%d" % sys.version_info[:2] == versions.ENGINE_PYTHON
+    assert f"{sys.version_info[0]}.{sys.version_info[1]}" == versions.ENGINE_PYTHON
     assert metadata.version("sglang") == versions.SGLANG_VERSION
     assert metadata.version("amd-mori") == versions.AMD_MORI_VERSION
 
