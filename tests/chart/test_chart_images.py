@@ -130,3 +130,12 @@ def test_the_test_environments_pin_what_the_image_ships() -> None:
     )
     assert pins["sglang"] == versions.SGLANG_VERSION
     assert pins["amd_mori"] == versions.AMD_MORI_VERSION
+
+
+def test_the_engine_image_never_carries_the_cpu_test_support() -> None:
+    """tests/cpu_engine (sgl_kernel stand-in, CPU plugin) is for CPU tests only: the image copies
+    the backend and the operator package, never tests/, and its build context excludes them."""
+    copies = [a for i, a in _instructions(ENGINE) if i in ("COPY", "ADD")]
+    assert copies and not any("tests" in a or "cpu_engine" in a for a in copies), copies
+    ignore = (ENGINE.parent / "Dockerfile.dockerignore").read_text().split()
+    assert "tests" in ignore or "tests/" in ignore or "**" in ignore or "*" in ignore, ignore
