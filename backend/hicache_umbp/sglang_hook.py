@@ -40,6 +40,7 @@ import logging
 import math
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -81,6 +82,7 @@ class HostPoolAllocation:
     demoted: bool  # hugepages were asked for and 4 KiB pages were used
     numa_node: int
     prefaulted: bool
+    alloc_s: float = 0.0  # allocation + prefault, seconds (the pool's share of time to Ready)
 
 
 # ----------------------------------------------------------------------------- installation
@@ -305,7 +307,9 @@ def allocate_region(
         shared=config.umbp_mode == "standalone",
         allow_demotion=config.host_allow_4k_fallback,
     )
+    t0 = time.monotonic()
     region = allocator.alloc(nbytes)
+    alloc_s = time.monotonic() - t0
     b = region.backing
     record = HostPoolAllocation(
         local_rank=local_rank,
@@ -317,6 +321,7 @@ def allocate_region(
         demoted=bool(b.demoted),
         numa_node=rank.host_numa,
         prefaulted=config.host_prefault,
+        alloc_s=round(alloc_s, 4),
     )
     if record.demoted:
         log.error(
@@ -326,8 +331,9 @@ def allocate_region(
         )
     else:
         log.info(
-            "hicache_umbp: host KV pool of rank %d: %d bytes, %s, numa %d, prefault %s",
+            "hicache_umbp: host KV pool of rank %d: %d bytes, %s, numa %d, prefault %s, %.3f s",
             local_rank, nbytes, record.backing, record.numa_node, record.prefaulted,
+            record.alloc_s,
         )
     with _lock:
         _status.append(record)

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.fakenode import MI355X_BDFS, FakeNode
+from support.hugepages import HugepageReservation, HugepagesRefused
 
 from . import podspec
 
-HUGEPAGE_SYSFS = "/sys/kernel/mm/hugepages/hugepages-{kb}kB/nr_hugepages"
 MEMORY_CGROUP_ROOT = "/sys/fs/cgroup/memory"
 
 
@@ -41,47 +41,12 @@ def own_memory_cgroup() -> Path:
 
 
 @dataclass
-class HugepageReservation:
-    """Pages this test added to the kernel pool; released by :meth:`release` (always)."""
-
-    page_size: int
-    added: int = 0
-
-    @property
-    def path(self) -> Path:
-        return Path(HUGEPAGE_SYSFS.format(kb=self.page_size // 1024))
-
-    def reserve(self, nbytes: int) -> None:
-        pages = -(-nbytes // self.page_size)
-        if not pages:
-            return
-        try:
-            before = int(self.path.read_text())
-            self.path.write_text(str(before + pages))
-            got = int(self.path.read_text()) - before
-        except OSError as e:
-            raise NodeUnavailable(f"cannot reserve {pages} hugepages of {self.page_size} B "
-                                  f"via {self.path}: {e}") from e
-        self.added += max(got, 0)
-        if got < pages:
-            self.release()
-            raise NodeUnavailable(f"the kernel reserved {got} of {pages} hugepages of "
-                                  f"{self.page_size} B (memory fragmented or too small)")
-
-    def release(self) -> None:
-        if self.added:
-            now = int(self.path.read_text())
-            self.path.write_text(str(max(now - self.added, 0)))
-            self.added = 0
-
-
-@dataclass
 class Node:
     """One fake MI355X node on this machine. Use as a context manager (releases everything)."""
 
     workdir: Path
     gpu_numa: tuple[int, ...] = (0, 0, 0, 0, 1, 1, 1, 1)
-    hugepages: dict[int, HugepageReservation] = field(default_factory=dict)
+    hugepages: list[HugepageReservation] = field(default_factory=list)
     cgroups: list[Path] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -125,8 +90,17 @@ class Node:
 
     # -- real limits ----------------------------------------------------------------------------
     def reserve_hugepages(self, page_size: int, nbytes: int) -> None:
-        res = self.hugepages.setdefault(page_size, HugepageReservation(page_size))
-        res.reserve(nbytes)
+        """Add the pages to the kernel pool (given back in :meth:`close`, also on failure)."""
+        pages = -(-nbytes // page_size)
+        if not pages:
+            return
+        reservation = HugepageReservation(pages, page_size // 1024)
+        try:
+            reservation.__enter__()
+        except HugepagesRefused as e:
+            raise NodeUnavailable(f"the pod requests {nbytes} B of {page_size} B hugepages: "
+                                  f"{e}") from e
+        self.hugepages.append(reservation)
 
     def reserve_hugepages_for(self, container: dict[str, object]) -> None:
         """What the node's admin pre-allocated for this container's hugepages requests."""
@@ -149,8 +123,9 @@ class Node:
             with contextlib.suppress(OSError):
                 d.rmdir()
         self.cgroups.clear()
-        for res in self.hugepages.values():
-            res.release()
+        for reservation in reversed(self.hugepages):
+            reservation.__exit__(None, None, None)
+        self.hugepages.clear()
         shutil.rmtree(self.root, ignore_errors=True)
 
 

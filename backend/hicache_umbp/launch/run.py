@@ -8,6 +8,7 @@ logged and collected in the report.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,19 @@ class LaunchPlan:
     command: Command
     child_env: dict[str, str]
     report: dict[str, Any]
+
+
+class _Laps:
+    """Seconds each launch step took, into ``report["timings_s"]`` (time-to-Ready analysis)."""
+
+    def __init__(self, report: dict[str, Any]) -> None:
+        self.timings: dict[str, float] = report.setdefault("timings_s", {})
+        self.last = time.monotonic()
+
+    def __call__(self, step: str) -> None:
+        now = time.monotonic()
+        self.timings[step] = round(now - self.last, 4)
+        self.last = now
 
 
 def _warn(report: dict[str, Any], message: str) -> None:
@@ -73,6 +87,7 @@ def plan_launch(
     report = {} if report is None else report
     for key, value in new_report(dry_run).items():
         report.setdefault(key, value)
+    lap = _Laps(report)
     # 1. the env contract
     cfg = _load(env)
     store = cfg.store
@@ -82,6 +97,7 @@ def plan_launch(
              cfg.model_path or "<unset>", ranks, cfg.tp_size, cfg.dp_size,
              ", DP attention" if cfg.enable_dp_attention else "", store.umbp_mode, set_vars)
 
+    lap("config")
     # 2. GPUs and NUMA
     probe = probe_gpus(root, env)
     report["gpus"] = [g.as_dict() for g in probe.gpus]
@@ -113,6 +129,7 @@ def plan_launch(
                 and any(b > 0 for b in store.umbp_dram_bytes)):
             resolved["umbp_dram_numa"] = numa
 
+    lap("gpus")
     # 3. standalone sidecars: before the hugepage check, which needs what a dead engine left
     # mapped in them
     if store.umbp_mode == "standalone":
@@ -130,6 +147,7 @@ def plan_launch(
     else:
         log.info("standalone: not used (%s mode)", store.umbp_mode)
 
+    lap("standalone")
     # 4. hugepages
     hp = check_hugepages(root, cfg, numa)
     report["hugepages"] = {"backing": hp.backing, "fallback_to_4k": hp.fallback_to_4k,
@@ -156,6 +174,7 @@ def plan_launch(
     log.info("hugepages: %s: %s", summary,
              "FALLBACK to 4 KiB pages" if hp.fallback_to_4k else "ok")
 
+    lap("hugepages")
     # 5. SSD tier
     ssd = prepare_ssd(root, cfg, io_uring_probe)
     if ssd is None:
@@ -173,9 +192,11 @@ def plan_launch(
                  len(ssd.rank_dirs), ssd.mount, fmt_bytes(ssd.capacity_bytes),
                  fmt_bytes(ssd.free_bytes), ssd.io_backend)
 
+    lap("ssd")
     # 6. the command
     command = render_command(cfg, resolved)
     child_env = {**env, **command.env_overrides}
+    lap("command")
     report["argv"] = list(command.argv)
     report["env"] = command.env_overrides
     report["ok"] = True
