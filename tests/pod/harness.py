@@ -7,12 +7,14 @@ turns the StatefulSet into the pod its controller would create (ordinal name, ho
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,3 +133,17 @@ def start_pod(planned: PlannedPod, node: Any, image: Image, workdir: Path,
     pod = Pod(meta, spec, planned.configmaps, node, image, workdir / meta.name, claims, **kw)
     pod.start()
     return pod
+
+
+@contextlib.contextmanager
+def running_pod(cr: dict[str, Any], node: Any, image: Image, workdir: Path, models_dir: Path,
+                *, ready_timeout_s: float = 600) -> Iterator[tuple[Pod, Client]]:
+    """The CR's pod started on ``node`` (its model claim bound to ``models_dir``), Ready, with a
+    client on its engine port; always closed afterwards."""
+    planned = plan_pod(cr)
+    pod = start_pod(planned, node, image, workdir, {"tiny-models": models_dir})
+    try:
+        pod.wait_ready(ready_timeout_s)
+        yield pod, Client(cr["spec"]["engine"]["port"])
+    finally:
+        pod.close()

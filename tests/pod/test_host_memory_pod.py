@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import Client, load_cr, plan_pod, start_pod
+from .harness import load_cr, plan_pod, running_pod, start_pod
 
 pytestmark = pytest.mark.pod
 
@@ -31,14 +31,11 @@ def four_k_cr(memory: str) -> dict:  # type: ignore[type-arg]
 @pytest.mark.timeout(1200)
 def test_a_4k_pool_starts_at_the_planned_memory_and_is_refused_below_it(
         node, image, workdir: Path, models_dir: Path) -> None:
-    planned = plan_pod(four_k_cr("16Gi"))  # 4 GiB process + 10 GiB SGLang reserve + 2 GiB pool
-    pod = start_pod(planned, node, image, workdir / "fits", {"tiny-models": models_dir})
-    try:
-        pod.wait_ready(600)
-        assert Client(30000).generate("a short prompt")["meta_info"]["prompt_tokens"] > 0
-    finally:
-        pod.close()
+    cr = four_k_cr("16Gi")  # 4 GiB process + 10 GiB SGLang reserve + 2 GiB pool
+    with running_pod(cr, node, image, workdir / "fits", models_dir) as (_, c):
+        assert c.generate("a short prompt")["meta_info"]["prompt_tokens"] > 0
     # The same pod with 3 GiB less memory: SGLang's own check must still refuse the 4 KiB pool.
+    planned = plan_pod(cr)
     limits = planned.statefulset["spec"]["template"]["spec"]["containers"][0]["resources"]
     limits["limits"]["memory"] = limits["requests"]["memory"] = "13Gi"
     pod = start_pod(planned, node, image, workdir / "short", {"tiny-models": models_dir})

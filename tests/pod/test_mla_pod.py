@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import Client, load_cr, plan_pod, start_pod
+from .harness import Client, load_cr, running_pod
 from .test_serving_pod import assert_operator_reads
 
 pytestmark = pytest.mark.pod
@@ -26,30 +26,15 @@ def push_out(c: Client, n: int = 12) -> list[dict]:  # type: ignore[type-arg]
     return [c.generate(" ".join(f"mla{i} other{j} text" for j in range(100))) for i in range(n)]
 
 
-def serve_and_hit_l3(cr: dict, node, image, workdir: Path, models_dir: Path):  # type: ignore[no-untyped-def, type-arg]
-    planned = plan_pod(cr)
-    pod = start_pod(planned, node, image, workdir, {"tiny-models": models_dir})
-    try:
-        pod.wait_ready(600)
-        port = cr["spec"]["engine"]["port"]
-        c = Client(port)
-        cold = c.generate(PROMPT)
-        device = c.generate(PROMPT)
-        pushed = push_out(c)
-        again = c.generate(PROMPT)
-        return [cold, device, *pushed, again], pod, port
-    except BaseException:
-        pod.close()
-        raise
-
-
 @pytest.mark.timeout(1200)
 def test_mla_tp2_gets_l3_hits_from_one_store_per_pod(node, image, workdir: Path,
                                                       models_dir: Path) -> None:
     cr = load_cr("cpu/tiny-mla-tp2-standalone.yaml")
-    responses, pod, port = serve_and_hit_l3(cr, node, image, workdir, models_dir)
-    device, again = responses[1], responses[-1]
-    try:
+    with running_pod(cr, node, image, workdir, models_dir) as (_, c):
+        cold = c.generate(PROMPT)
+        device = c.generate(PROMPT)
+        pushed = push_out(c)
+        again = c.generate(PROMPT)
         assert device["meta_info"]["cached_tokens_details"]["device"] > 0
         details = again["meta_info"]["cached_tokens_details"]
         assert details["storage"] > 0, details  # the MIN over both ranks' batch_exists
@@ -58,6 +43,4 @@ def test_mla_tp2_gets_l3_hits_from_one_store_per_pod(node, image, workdir: Path,
         # MLA differently with and without a cached prefix on CPU, so even a device hit
         # changes it; measured, and not a cache effect.)
         assert again["text"] == device["text"]
-        assert_operator_reads(port, responses)
-    finally:
-        pod.close()
+        assert_operator_reads(cr["spec"]["engine"]["port"], [cold, device, *pushed, again])

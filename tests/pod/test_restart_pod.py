@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import Client, load_cr, plan_pod, start_pod
+from .harness import load_cr, running_pod
 from .test_serving_pod import PROMPT, assert_operator_reads, capture_metrics, fillers
 
 pytestmark = pytest.mark.pod
@@ -26,11 +26,8 @@ def restart_engine(pod) -> None:  # type: ignore[no-untyped-def]
 @pytest.mark.timeout(1200)
 def test_standalone_l3_serves_storage_hits_after_an_engine_restart(
         node, image, workdir: Path, models_dir: Path) -> None:
-    planned = plan_pod(load_cr("cpu/tiny-llama-standalone.yaml"))
-    pod = start_pod(planned, node, image, workdir, {"tiny-models": models_dir})
-    try:
-        pod.wait_ready(600)
-        c = Client(30001)
+    cr = load_cr("cpu/tiny-llama-standalone.yaml")
+    with running_pod(cr, node, image, workdir, models_dir) as (pod, c):
         cold = c.generate(PROMPT)
         for text in fillers(4):
             c.generate(text)
@@ -48,5 +45,3 @@ def test_standalone_l3_serves_storage_hits_after_an_engine_restart(
         assert 'sglang:cached_tokens_total{cache_source="storage"' in metrics
         assert_operator_reads(30001, [warm])  # the restarted server counts from zero
         capture_metrics(metrics, "tp1-umbp-standalone-after-restart")
-    finally:
-        pod.close()

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from .harness import Client, load_cr, plan_pod, start_pod
+from .harness import load_cr, running_pod
 
 pytestmark = pytest.mark.pod
 
@@ -56,11 +56,8 @@ def assert_operator_reads(port: int, responses: list[dict[str, Any]]) -> None:
 
 @pytest.mark.timeout(900)
 def test_embedded_pod_serves_with_host_hits(node, image, workdir: Path, models_dir: Path) -> None:
-    planned = plan_pod(load_cr("cpu/tiny-llama-embedded.yaml"))
-    pod = start_pod(planned, node, image, workdir, {"tiny-models": models_dir})
-    try:
-        pod.wait_ready(600)
-        c = Client(30000)
+    cr = load_cr("cpu/tiny-llama-embedded.yaml")
+    with running_pod(cr, node, image, workdir, models_dir) as (pod, c):
         cold = c.generate(PROMPT)
         again = c.generate(PROMPT)
         assert again["meta_info"]["cached_tokens_details"]["device"] > 0
@@ -70,10 +67,8 @@ def test_embedded_pod_serves_with_host_hits(node, image, workdir: Path, models_d
         assert cold["text"] == again["text"] == host["text"]
         assert_operator_reads(30000, [cold, again, *pushed, host])
         capture_metrics(c.metrics(), "tp1-umbp-embedded")
-        liveness = pod.container("engine")
+        engine = pod.container("engine")
         from .podspec import probe
 
-        ok, msg = pod.run_probe(liveness, probe(liveness.spec, "livenessProbe"))
+        ok, msg = pod.run_probe(engine, probe(engine.spec, "livenessProbe"))
         assert ok, f"the pod's own liveness probe fails on a serving engine: {msg}"
-    finally:
-        pod.close()
