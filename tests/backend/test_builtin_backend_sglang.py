@@ -239,3 +239,16 @@ def test_unknown_extra_config_key_only_warns(
     messages = [r.getMessage() for r in caplog.records]
     assert any("unknown extra_config key 'dram_capacity' is ignored" in m for m in messages)
     assert any("UMBPStore initialized: dram=4096 MB" in m for m in messages), messages
+
+
+def test_clear_is_forwarded_to_the_embedded_client(model_dir: Path) -> None:
+    """``/clear_hicache_storage_backend`` reaches ``UMBPStore.clear()``, which calls mori's
+    ``clear()``: the pages go, and on the embedded client of mori 1.2.4 every later write
+    fails (ours never forwards it)."""
+    store = builtin_store(model_dir, {"dram_capacity_bytes": 64 * MIB, "ssd_enabled": False})
+    keys, idx = pages()
+    E.fill_random(store.mem_pool_host, seed=7)
+    assert all(store.batch_set_v1(keys[:8], idx[: 8 * E.PAGE]))
+    store.clear()
+    assert store.batch_exists(keys[:8]) == 0
+    assert not any(store.batch_set_v1(keys[8:], idx[8 * E.PAGE:]))

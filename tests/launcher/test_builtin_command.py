@@ -1,7 +1,7 @@
 """The launcher with SGLang's built-in ``mori`` backend (``HICACHE_L3_BACKEND=sglang-mori``):
 the same launch flow (GPUs -> NUMA, hugepages, sidecar wait), SGLang's own flag, extra-config
-and variables (fake node trees; SGLang's parsing of them is in test_launch_sglang.py and the
-pod tier)."""
+and variables (fake node trees; SGLang's own parser takes the command in
+test_launch_sglang.py, and the pod tier serves with it)."""
 
 from __future__ import annotations
 
