@@ -66,15 +66,22 @@ def test_builtin_hugepage_pool_passes_the_check_its_4k_twin_fails(
 def test_builtin_pool_short_of_hugepages_keeps_sglangs_check(
     model_dir: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Without free hugepages nothing is bypassed: SGLang's own check (and, were it to pass,
-    its demotion to 4 KiB pages) applies; the launcher refuses such a start earlier."""
-    from hicache_umbp.allocator import hugepages_free
+    """When the hugepages would not fit nothing is bypassed: SGLang's own check (and, were it to
+    pass, its demotion to 4 KiB pages) applies; the launcher refuses such a start earlier. The
+    shortage is the one fake here (this machine's free pages change with other jobs); the node
+    check itself is the launcher's (tests/launcher/test_hugepages.py)."""
+    seen: list[tuple[int, int, int]] = []
 
-    if hugepages_free(2 << 20) > 0:
-        pytest.skip("this machine has free 2 MiB hugepages right now")
+    def short(page: int, numa: int, nbytes: int, what: str) -> list[str]:
+        seen.append((page, numa, nbytes))
+        return [f"{what}: the node has 0 free 2 MiB pages"]
+
+    monkeypatch.setattr(sglang_hook, "hugepage_problems", short)
     monkeypatch.setenv("SGLANG_HICACHE_HOST_HUGEPAGE", "1")
+    monkeypatch.setenv("SGLANG_HICACHE_HOST_NUMA_NODE", "0")
     with pytest.raises(ValueError, match="Not enough host memory available"):
         builtin_pool(model_dir, TIGHT_BUDGET)
+    assert len(seen) == 1 and seen[0][:2] == (2 << 20, 0) and seen[0][2] > TIGHT_BUDGET
 
 
 def test_each_scheduler_binds_its_builtin_pool_to_its_ranks_node(
