@@ -61,6 +61,22 @@ MAX_NUMA_NODE = 1023
 #: Default staging slot (largest page part) of an SSD node / the umbp-ssd sidecar.
 SSD_SLOT_BYTES_DEFAULT = 8 * MIB
 
+#: The L3 backends the launcher can start. ``umbp``: ours (``--hicache-storage-backend dynamic``
+#: with :mod:`hicache_umbp.sglang_adapter`). ``sglang-mori``: SGLang 0.5.23's built-in ``mori``
+#: backend (``--hicache-storage-backend mori``, ``storage/umbp/umbp_store.py``), which reads the
+#: ``SGLANG_HICACHE_HOST_*`` variables below and mori's own ``UMBP_*`` (:mod:`.mori_env`).
+L3_BACKENDS = ("umbp", "sglang-mori")
+BUILTIN_BACKEND = "sglang-mori"
+#: What SGLang's built-in host allocator (``umbp_host_allocator.py``) reads, once per process:
+#: hugepages on/off (default on), their size in bytes (default 2 MiB), ONE NUMA node for the
+#: whole process (``int()`` of the value: a per-rank list raises), prefault (default on).
+SGLANG_HOST_HUGEPAGE = "SGLANG_HICACHE_HOST_HUGEPAGE"
+SGLANG_HOST_HUGEPAGE_SIZE = "SGLANG_HICACHE_HOST_HUGEPAGE_SIZE"
+SGLANG_HOST_NUMA_NODE = "SGLANG_HICACHE_HOST_NUMA_NODE"
+SGLANG_HOST_PREFAULT = "SGLANG_HICACHE_HOST_PREFAULT"
+SGLANG_HOST_ALLOCATOR_ENV = (SGLANG_HOST_HUGEPAGE, SGLANG_HOST_HUGEPAGE_SIZE,
+                             SGLANG_HOST_NUMA_NODE, SGLANG_HOST_PREFAULT)
+
 Kind = Literal[
     "bool", "int", "bytes", "float", "str", "enum", "rank_int", "rank_bytes", "rank_port"
 ]
@@ -200,6 +216,9 @@ SETTINGS: tuple[Setting, ...] = (
     _s("host_allow_4k_fallback", "bool", False, "Start on 4 KiB pages when hugepages are short "
        "(logged and reported) instead of failing."),
     # --- launcher (env only: read by `python -m hicache_umbp.launch`) --------------------------
+    _s("l3_backend", "enum", "umbp", "L3 backend: umbp (ours) or sglang-mori (SGLang's built-in "
+       "mori backend; on mori 1.2.4 only a DRAM tier, embedded or in the standalone DRAM "
+       "sidecar).", choices=L3_BACKENDS, scope="launch"),
     _s("model_path", "str", "", "Model path or id passed to SGLang --model-path.", scope="launch"),
     _s("tp_size", "int", 1, "SGLang --tp-size.", minimum=1, scope="launch"),
     _s("dp_size", "int", 1, "SGLang --dp-size.", minimum=1, scope="launch"),
@@ -323,6 +342,7 @@ class LaunchConfig:
     ssd_allow_posix_fallback: bool
     extra_args: tuple[str, ...]
     report_path: str
+    l3_backend: str
 
 
 # ----------------------------------------------------------------------------- value checks
@@ -488,10 +508,31 @@ def _store_rules(v: dict[str, Any], problems: list[str]) -> None:
             "embedded mode has no tier: set umbp_dram_bytes > 0 for every rank or enable "
             "the SSD tier (umbp_ssd_enabled, umbp_ssd_dir, umbp_ssd_bytes)"
         )
+    if v.get("l3_backend") == BUILTIN_BACKEND:
+        _builtin_rules(v, problems)
     if mode == "distributed" and not v.get("umbp_master_address"):
         problems.append(
             "umbp_mode distributed needs umbp_master_address (host:port of umbp_master)"
         )
+
+
+def _builtin_rules(v: dict[str, Any], problems: list[str]) -> None:
+    """What SGLang's built-in backend cannot do on mori 1.2.4 (measured in
+    tests/backend/test_builtin_backend_sglang.py; docs/architecture.md compares the backends)."""
+    backend = f"{BY_KEY['l3_backend'].env}={BUILTIN_BACKEND}"
+    if v.get("umbp_ssd_enabled"):
+        problems.append(
+            f"{BY_KEY['umbp_ssd_enabled'].env}=true cannot be served by {backend} on mori 1.2.4: "
+            "in-process it never writes its SSD tier, and it sends a whole 128-page batch to a "
+            "standalone SSD server, which stages 16 values per batch and fails the rest; use "
+            "l3_backend umbp for an SSD tier")
+    if v.get("umbp_mode") == "distributed":
+        problems.append(f"{backend} runs embedded or standalone here, not distributed")
+    if v.get("host_prefault_threads"):
+        problems.append(
+            f"{BY_KEY['host_prefault_threads'].env}={v['host_prefault_threads']} cannot be "
+            f"honoured by {backend}: SGLang's built-in host allocator has no prefault thread "
+            "setting; leave it 0")
 
 
 def load_store_config(

@@ -9,6 +9,34 @@ from __future__ import annotations
 
 from .config import SSD_SLOT_BYTES_DEFAULT, ConfigError, Medium
 
+# mori's variables for a client of a standalone server (UMBPConfig.from_environment and SGLang's
+# built-in backend read them): the server address (``unix:<socket>``), and whether the client
+# may start a server itself (the operator's sidecar owns it: never).
+STANDALONE_ADDRESS = "UMBP_STANDALONE_ADDRESS"
+STANDALONE_AUTO_START = "UMBP_STANDALONE_AUTO_START"
+# mori's DRAM tier (a server's, or an in-process client's: UMBPConfig.from_environment()).
+DRAM_USE_HUGEPAGES = "UMBP_DRAM_USE_HUGEPAGES"
+DRAM_HUGEPAGE_SIZE = "UMBP_DRAM_HUGEPAGE_SIZE"
+DRAM_NUMA_NODE = "UMBP_DRAM_NUMA_NODE"
+DRAM_PREFAULT = "UMBP_DRAM_PREFAULT"
+
+
+def standalone_client_env(socket_path: str) -> dict[str, str]:
+    """A mori client of the server at ``unix:<socket_path>`` that never spawns one itself."""
+    return {STANDALONE_ADDRESS: f"unix:{socket_path}", STANDALONE_AUTO_START: "0"}
+
+
+def dram_tier_env(*, hugepage_bytes: int, numa_node: int, prefault: bool) -> dict[str, str]:
+    """mori's DRAM tier backing: hugepages of ``hugepage_bytes`` (0: 4 KiB pages), one NUMA
+    node (-1: unbound), prefault. One value per process: mori reads one of each."""
+    env = {DRAM_USE_HUGEPAGES: "1" if hugepage_bytes else "0",
+           DRAM_PREFAULT: "1" if prefault else "0"}
+    if hugepage_bytes:
+        env[DRAM_HUGEPAGE_SIZE] = str(int(hugepage_bytes))
+    if numa_node >= 0:
+        env[DRAM_NUMA_NODE] = str(int(numa_node))
+    return env
+
 
 def standalone_server_env(
     medium: Medium,
@@ -43,10 +71,10 @@ def standalone_server_env(
             "UMBP_SSD_ENABLED": "0",
         }
         if hugepage_bytes:
-            env["UMBP_DRAM_USE_HUGEPAGES"] = "1"
-            env["UMBP_DRAM_HUGEPAGE_SIZE"] = str(int(hugepage_bytes))
+            env[DRAM_USE_HUGEPAGES] = "1"
+            env[DRAM_HUGEPAGE_SIZE] = str(int(hugepage_bytes))
         if numa_node >= 0:
-            env["UMBP_DRAM_NUMA_NODE"] = str(int(numa_node))
+            env[DRAM_NUMA_NODE] = str(int(numa_node))
         return env
     problems = []
     if not ssd_dir:

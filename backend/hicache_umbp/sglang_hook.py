@@ -11,6 +11,9 @@ AROUND hook and propagates the wrapper into every module that imported the funct
 (``pool_host.base``, ``pool_host.mha``, ``memory_pool_host``). The wrapper returns
 :class:`UMBPHostTensorAllocator` only when the dynamic backend is ours (the extra-config's
 ``module_path`` is :mod:`hicache_umbp.sglang_adapter`); every other backend keeps SGLang's choice.
+For SGLang's built-in ``mori`` backend it keeps SGLang's allocator but first sets this scheduler's
+own NUMA node in the one process-wide variable that allocator reads
+(:func:`hicache_umbp.launch.builtin.scheduler_numa_env`).
 
 Every process that builds a host pool must run :func:`install` before it builds one. SGLang
 0.5.23 starts schedulers (and the DP controller) with ``multiprocessing`` *spawn*
@@ -63,6 +66,8 @@ BINDING_MODULES = (
     "sglang.srt.mem_cache.memory_pool_host",
 )
 ADAPTER_MODULE = "hicache_umbp.sglang_adapter"
+# SGLang's built-in backend's allocator kind (pool_host.common.get_allocator_from_storage).
+BUILTIN_ALLOCATOR_TYPE = "mori"
 
 _lock = threading.Lock()
 _installed = False
@@ -145,6 +150,8 @@ def _answers_probe(module: Any) -> bool:
 def _around_get_allocator(original: Callable[[str], Any], allocator_type: str) -> Any:
     if allocator_type == _PROBE:
         return _PROBE
+    if allocator_type == BUILTIN_ALLOCATOR_TYPE:
+        _set_builtin_rank_env(os.environ)
     if allocator_type == "dynamic":
         extra = _server_extra_config()
         if extra is not None and extra.get("module_path") == ADAPTER_MODULE:
@@ -165,18 +172,31 @@ def _around_allocate_host_buffer(original: Callable[..., Any], pool: Any, *a: An
     cgroup memory limit - usage) - 10 GiB) / ranks per host. Hugepages count in neither number:
     on a node with hugepages reserved they are outside MemAvailable, and Kubernetes accounts them
     outside the container's memory limit (hugepages-<size> request). So a pod sized correctly
-    for a hugepage pool fails at scheduler start. For our allocator's hugepage-backed pools the
-    budget becomes what this rank may really take: the free hugepages of the page size (of its
-    NUMA node when bound) within the container's hugetlb cgroup limit. A 4 KiB pool (or a
-    hugepage pool the allocator is allowed to demote when hugepages are short) keeps SGLang's
-    own check unchanged.
+    for a hugepage pool fails at scheduler start. For the hugepage-backed pools of our allocator
+    and of SGLang's built-in one (``--hicache-storage-backend mori``) the budget becomes what
+    this rank may really take: the free hugepages of the page size (of its NUMA node when bound)
+    within the container's hugetlb cgroup limit. A 4 KiB pool (or a hugepage pool the allocator
+    may demote when hugepages are short) keeps SGLang's own check unchanged.
     """
-    allocator = getattr(pool, "allocator", None)
-    if not isinstance(allocator, UMBPHostTensorAllocator) or not allocator.hugepage_bytes:
-        return original(pool, *a, **kw)
     from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope
 
+    allocator = getattr(pool, "allocator", None)
     requested = int(pool.size) * int(pool.size_per_token)
+    builtin = _builtin_hugepages(allocator)
+    if builtin is not None:
+        # SGLang's built-in (mori) allocator: the same budget for its hugepage pools. Short of
+        # hugepages, SGLang's own check stays, and so does its demotion to 4 KiB pages (the
+        # launcher already refused the start unless host_allow_4k_fallback).
+        page, numa = builtin
+        problems = hugepage_problems(page, numa, requested, "the built-in host pool")
+        if problems:
+            log.warning("hicache_umbp: %s; SGLang's host-memory check applies",
+                        "; ".join(problems))
+            return original(pool, *a, **kw)
+        with host_memory_budget_scope(requested):
+            return original(pool, *a, **kw)
+    if not isinstance(allocator, UMBPHostTensorAllocator) or not allocator.hugepage_bytes:
+        return original(pool, *a, **kw)
     problems = allocator.hugepage_problems(requested)
     if not problems:
         with host_memory_budget_scope(requested):
@@ -190,6 +210,47 @@ def _around_allocate_host_buffer(original: Callable[..., Any], pool: Any, *a: An
     raise HugepagesUnavailableError(
         f"the HiCache host pool of rank {allocator.local_rank} cannot be backed by hugepages: "
         + "; ".join(problems))
+
+
+def _builtin_hugepages(allocator: Any) -> tuple[int, int] | None:
+    """(hugepage bytes, NUMA node) of SGLang's built-in allocator when it maps hugepages."""
+    from sglang.srt.mem_cache.storage.umbp.umbp_host_allocator import (
+        UMBPHostTensorAllocator as BuiltinAllocator,
+    )
+
+    if not isinstance(allocator, BuiltinAllocator):
+        return None
+    try:  # what its __init__ read from SGLANG_HICACHE_HOST_* (SGLang 0.5.23)
+        wanted, page, numa = allocator._use_hugepage, allocator._hugepage_size, allocator._numa_node
+    except AttributeError as e:
+        raise RuntimeError(f"SGLang's built-in host allocator changed ({e}): re-verify "
+                           "umbp_host_allocator.py before trusting the hugepage budget") from e
+    return (int(page), int(numa)) if wanted else None
+
+
+def _set_builtin_rank_env(env: Any) -> None:
+    """Give this scheduler its own NUMA node before SGLang's built-in allocator (and mori's
+    DRAM tier) read the one process-wide value (hicache_umbp.launch.builtin)."""
+    from .launch.builtin import scheduler_numa_env
+
+    if not any(BY_KEY[k].env in env for k in ("host_numa", "umbp_dram_numa")):
+        return  # not started by our launcher: SGLang's own behaviour
+    for name, value in scheduler_numa_env(env, local_rank_from_runtime(env)).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+
+
+def hugepage_problems(page: int, numa: int, nbytes: int, what: str) -> list[str]:
+    """Why ``nbytes`` of ``page``-sized hugepages (on ``numa``, -1: any) would not fit now
+    (``[]``: fits): the launcher's own check (hugetlb cgroup headroom, the node's and the NUMA
+    node's free pages) on the real node, for this one pool."""
+    from .launch.hugepages import PoolDemand, check_size
+    from .launch.noderoot import NodeRoot
+
+    demand = PoolDemand(what, page, (nbytes,), (numa,))
+    return list(check_size(NodeRoot("/"), page, [demand]).problems)
 
 
 def _server_extra_config() -> dict[str, Any] | None:
@@ -265,13 +326,8 @@ class UMBPHostTensorAllocator:
         node, for this one pool: hugetlb cgroup headroom, the node's and the NUMA node's free
         pages of the size, read when the pool is about to be allocated.
         """
-        from .launch.hugepages import PoolDemand, check_size
-        from .launch.noderoot import NodeRoot
-
-        page = self.hugepage_bytes
-        numa = self.rank_config.host_numa
-        demand = PoolDemand(f"host pool of rank {self.local_rank}", page, (nbytes,), (numa,))
-        return list(check_size(NodeRoot("/"), page, [demand]).problems)
+        return hugepage_problems(self.hugepage_bytes, self.rank_config.host_numa, nbytes,
+                                 f"host pool of rank {self.local_rank}")
 
     def allocate(self, dims: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
         if device != "cpu":

@@ -86,3 +86,16 @@ def test_extra_config_builds_our_backend_through_the_factory(mi355x: FakeNode) -
     assert rank.local_rank == 5
     assert (rank.host_numa, rank.dram_numa, rank.dram_bytes) == (1, 1, 64 * GIB)
     assert backend.config.umbp_namespace == "team-a/r1"
+
+
+def test_builtin_backend_command_parses_and_selects_sglangs_mori_backend(
+    mi355x: FakeNode,
+) -> None:
+    """l3_backend sglang-mori: SGLang's parser takes the command and maps the backend to its
+    own class (its host allocator kind follows from the same name:
+    tests/backend/test_builtin_backend_sglang.py)."""
+    args, _ = _server_args(mi355x, l3_backend="sglang-mori")
+    assert args.hicache_storage_backend == "mori"
+    assert json.loads(args.hicache_storage_backend_extra_config) == {
+        "ssd_enabled": False, "dram_capacity_bytes": 64 * GIB}
+    assert StorageBackendFactory._registry["mori"]["class_name"] == "UMBPStore"

@@ -239,6 +239,19 @@ BAD_CRS = {
         "spec.l3",
         "posix cannot be honoured in standalone mode",
     ),
+    "builtin_backend_ssd": (
+        lambda s: s["l3"].update(backend="sglang-mori"),
+        "spec.l3",
+        "the SSD tier needs backend umbp on mori 1.2.4",
+    ),
+    "builtin_backend_prefault_threads": (
+        lambda s: (
+            s["l3"].update(backend="sglang-mori", ssd={"enabled": False}),
+            s["hiCache"].setdefault("hostAllocator", {}).update(prefaultThreads=8),
+        ),
+        "spec",
+        "prefaultThreads cannot be honoured with l3.backend sglang-mori",
+    ),
 }
 
 

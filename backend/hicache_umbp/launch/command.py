@@ -8,13 +8,15 @@ Flag names and units are SGLang 0.5.23's (``sglang/srt/arg_groups/fields/memory.
   GB, staying inside what the operator sized hugepages for;
 * DP attention is ``--attn-dp-size N`` (``--dp-size N --enable-dp-attention`` is the deprecated
   spelling, scheduled for removal after 2026-12-31); plain data parallelism is ``--dp-size N``;
-* the backend loads with ``--hicache-storage-backend dynamic`` and the extra-config JSON naming
+* our backend loads with ``--hicache-storage-backend dynamic`` and the extra-config JSON naming
   ``backend_name``/``module_path``/``class_name`` and ``interface_v1: 1`` (without it SGLang uses
-  the slow per-page legacy path).
+  the slow per-page legacy path); SGLang's built-in one (``l3_backend`` ``sglang-mori``) with
+  ``--hicache-storage-backend mori`` and what :mod:`.builtin` renders.
 
 The server starts through ``python -m hicache_umbp.serve``, which installs the host-allocator
 hook before SGLang's server main runs, so every SGLang child process allocates its host pool
-through our allocator.
+through our allocator (with the built-in backend: SGLang's, with the hook's per-rank NUMA node
+and hugepage-aware host-memory check).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import BY_KEY, STORE_KEYS, LaunchConfig, render_env
+from ..config import BUILTIN_BACKEND, BY_KEY, STORE_KEYS, LaunchConfig, render_env
+from .builtin import BACKEND_FLAG_VALUE, builtin_env, builtin_extra_config
 from .errors import LaunchError
 
 # The adapter's own constants (hicache_umbp.sglang_adapter BACKEND_NAME, MODULE_PATH,
@@ -172,15 +175,23 @@ def render_command(
         argv += ["--hicache-size", str(pools[0] // GB)]
     else:
         argv += ["--hicache-ratio", repr(cfg.host_pool_ratio)]
-    extra = store_extra_config(cfg, resolved)
+    builtin = cfg.l3_backend == BUILTIN_BACKEND
+    if builtin:
+        backend, extra = BACKEND_FLAG_VALUE, builtin_extra_config(cfg)
+    else:
+        backend, extra = "dynamic", store_extra_config(cfg, resolved)
     argv += ["--hicache-mem-layout", cfg.mem_layout,
              "--hicache-write-policy", cfg.write_policy,
              "--hicache-io-backend", cfg.io_backend,
-             "--hicache-storage-backend", "dynamic",
+             "--hicache-storage-backend", backend,
              "--hicache-storage-backend-extra-config",
              json.dumps(extra, sort_keys=False, separators=(",", ":")),
              *cfg.extra_args]
+    # The resolved HICACHE_* values reach the child either way: our store and hook read them,
+    # and with the built-in backend the hook takes each rank's NUMA node from them.
     env = render_env(dict(resolved))
+    if builtin:
+        env.update(builtin_env(cfg, resolved))
     if cfg.enable_dp_attention:
         # SGLang never sets it; the store reads it to place DP-attention ranks in its key scheme.
         # SGLANG_DP_RANK is deliberately not set: one server process hosts every DP rank, and

@@ -93,9 +93,10 @@ def plan_launch(
     store = cfg.store
     ranks = store.umbp_local_ranks
     set_vars = sum(1 for k in env if k.startswith("HICACHE_"))
-    log.info("config: model %s, %d rank(s) (tp %d, dp %d%s), L3 %s, %d HICACHE_* variables set",
-             cfg.model_path or "<unset>", ranks, cfg.tp_size, cfg.dp_size,
-             ", DP attention" if cfg.enable_dp_attention else "", store.umbp_mode, set_vars)
+    log.info("config: model %s, %d rank(s) (tp %d, dp %d%s), L3 %s %s, %d HICACHE_* variables "
+             "set", cfg.model_path or "<unset>", ranks, cfg.tp_size, cfg.dp_size,
+             ", DP attention" if cfg.enable_dp_attention else "", cfg.l3_backend,
+             store.umbp_mode, set_vars)
 
     lap("config")
     # 2. GPUs and NUMA

@@ -42,7 +42,7 @@ class EnvVar(ApiModel):
         max_length=256,
         pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$",
         description="Variable name; names the operator owns (HICACHE_*, UMBP_*, POD_NAME, "
-        "POD_NAMESPACE, SGLANG_DP_RANK, SGLANG_DP_SIZE) are rejected.",
+        "POD_NAMESPACE, SGLANG_DP_RANK, SGLANG_DP_SIZE, SGLANG_HICACHE_HOST_*) are rejected.",
     )
     value: str | None = Field(default=None, description="Literal value.")
     value_from: EnvVarSource | None = Field(
@@ -366,10 +366,27 @@ class Eviction(ApiModel):
     )
 
 
+#: SpecValid message of an SSD tier with SGLang's built-in backend (planner and CEL alike).
+BUILTIN_SSD_MESSAGE = (
+    "the SSD tier needs backend umbp on mori 1.2.4: SGLang's built-in mori backend never "
+    "writes its SSD tier in-process, and a standalone SSD server fails the part of each "
+    "backup batch beyond its 16 staging slots (Write page to storage: N pages failed)"
+)
+BUILTIN_PREFAULT_THREADS_MESSAGE = (
+    "prefaultThreads cannot be honoured with l3.backend sglang-mori: SGLang's built-in host "
+    "allocator has no thread setting; leave it 0 or use backend umbp"
+)
+
+
 class L3(ApiModel):
     """HiCache L3 on AMD MORI UMBP."""
 
     model_config = _rules(
+        (
+            "!has(self.backend) || self.backend != 'sglang-mori' || !has(self.ssd) || "
+            "!has(self.ssd.enabled) || !self.ssd.enabled",
+            BUILTIN_SSD_MESSAGE,
+        ),
         (
             "!has(self.mode) || self.mode != 'standalone' || !has(self.ssd) || "
             "!has(self.ssd.enabled) || !self.ssd.enabled || !has(self.ssd.ioBackend) || "
@@ -380,6 +397,14 @@ class L3(ApiModel):
         ),
     )
 
+    backend: Literal["umbp", "sglang-mori"] = Field(
+        default="umbp",
+        description="Which L3 store SGLang runs. umbp: this project's UMBP backend (DRAM and "
+        "SSD tiers, keys scoped to the deployment, model and page format, reconnects to a "
+        "restarted sidecar). sglang-mori: SGLang's built-in mori backend "
+        "(--hicache-storage-backend mori); on mori 1.2.4 only a DRAM tier (embedded or the "
+        "standalone DRAM sidecar), no SSD tier. docs/architecture.md compares them.",
+    )
     mode: Literal["embedded", "standalone"] = Field(
         default="embedded",
         description="embedded: UMBP in the SGLang process; standalone: one "
@@ -453,6 +478,15 @@ class Security(ApiModel):
 
 class SGLangHiCacheSpec(ApiModel):
     """Desired state: one SGLang server per pod with HiCache L2 and UMBP L3."""
+
+    model_config = _rules(
+        (
+            "!has(self.l3) || !has(self.l3.backend) || self.l3.backend != 'sglang-mori' || "
+            "!has(self.hiCache.hostAllocator) || !has(self.hiCache.hostAllocator.prefaultThreads)"
+            " || self.hiCache.hostAllocator.prefaultThreads == 0",
+            BUILTIN_PREFAULT_THREADS_MESSAGE,
+        ),
+    )
 
     model: ModelSource = Field(description="Model to serve.")
     image: str = Field(

@@ -13,7 +13,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from hicache_umbp.client import standalone_socket_path
-from hicache_umbp.config import BY_KEY, ConfigError, Medium, load_launch_config, render_env
+from hicache_umbp.config import (
+    BUILTIN_BACKEND,
+    BY_KEY,
+    SGLANG_HOST_ALLOCATOR_ENV,
+    ConfigError,
+    Medium,
+    load_launch_config,
+    render_env,
+)
 from hicache_umbp.launch.command import GB, owned_flag, render_command
 from hicache_umbp.launch.errors import LaunchError
 
@@ -25,7 +33,12 @@ from .ssd import SSD_MOUNT, SsdLayout
 SOCKET_DIR = "/var/run/umbp"
 REPORT_DIR = "/var/run/hicache"
 OWNED_ENV_PREFIXES = ("HICACHE_", "UMBP_")
-OWNED_ENV_NAMES = frozenset({"SGLANG_DP_RANK", "SGLANG_DP_SIZE", "POD_NAME", "POD_NAMESPACE"})
+# SGLang's built-in backend's host allocator reads SGLANG_HICACHE_HOST_*: the launcher renders
+# them from spec.hiCache.hostAllocator (an engine env entry would fight it, or with backend umbp
+# mean nothing).
+OWNED_ENV_NAMES = frozenset(
+    {"SGLANG_DP_RANK", "SGLANG_DP_SIZE", "POD_NAME", "POD_NAMESPACE", *SGLANG_HOST_ALLOCATOR_ENV}
+)
 LAUNCH_COMMAND = ("python", "-m", "hicache_umbp.launch")
 STANDALONE_SERVER_BINARY = "umbp_standalone_server"  # on PATH in the engine image
 SIDECAR_MEDIUM: dict[str, Medium] = {"umbp-dram": "dram", "umbp-ssd": "ssd"}
@@ -133,7 +146,8 @@ def check_user_args_and_env(spec: SGLangHiCacheSpec, problems: Problems) -> None
             problems.add(
                 f"spec.engine.env[{i}].name",
                 f"{var.name} is owned by the operator (HICACHE_*, UMBP_*, "
-                f"SGLANG_DP_RANK, SGLANG_DP_SIZE, POD_NAME, POD_NAMESPACE)",
+                f"SGLANG_DP_RANK, SGLANG_DP_SIZE, SGLANG_HICACHE_HOST_*, POD_NAME, "
+                f"POD_NAMESPACE)",
             )
         if var.name in seen:
             problems.add(f"spec.engine.env[{i}].name", f"{var.name} is set twice")
@@ -154,7 +168,9 @@ def contract_values(
     spec: SGLangHiCacheSpec, namespace: str, name: str, sizing: PodSizing, ssd: SsdLayout,
     enable_metrics: bool = True,
 ) -> dict[str, Any]:
-    """Contract keys (hicache_umbp.config.SETTINGS) for this pod; mode-foreign keys omitted."""
+    """Contract keys (hicache_umbp.config.SETTINGS) for this pod; mode-foreign keys omitted,
+    and with SGLang's built-in backend the keys only our store reads (namespace, model id,
+    DRAM/SSD tiering)."""
     e, hc, l3 = spec.engine, spec.hi_cache, spec.l3
     v: dict[str, Any] = {
         "umbp_mode": l3.mode,
@@ -199,7 +215,18 @@ def contract_values(
             )
     else:
         v["umbp_socket_dir"] = SOCKET_DIR
+    if l3.backend == BUILTIN_BACKEND:
+        # Rendered only when not the default, so pods of CRs that never set it keep their
+        # ConfigMap (and config hash) byte for byte: an operator upgrade restarts no engine.
+        v["l3_backend"] = l3.backend
+        for key in OUR_STORE_ONLY_KEYS:
+            v.pop(key, None)
     return v
+
+
+#: Contract keys only our store reads; never rendered for SGLang's built-in backend.
+OUR_STORE_ONLY_KEYS = ("umbp_namespace", "umbp_model_id", "umbp_tier_write_policy",
+                       "umbp_tier_queue_bytes", "umbp_promote_on_hit")
 
 
 def plan_engine_env(

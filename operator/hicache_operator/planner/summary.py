@@ -22,7 +22,7 @@ def render_summary(p: Plan) -> str:
     add(
         f"SGLangHiCache {p.namespace}/{p.name}: {spec.replicas} pod(s) x {s.ranks} GPU(s) "
         f"{p.gpu_model.name} (device ids {', '.join(p.gpu_model.device_ids)}), "
-        f"L3 {spec.l3.mode}"
+        f"L3 {spec.l3.mode}, backend {spec.l3.backend}"
     )
     add(f"model: {spec.model.path}   image: {spec.image or p.config.default_image}")
     add("")

@@ -15,7 +15,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..api.crd import MAX_NAME_LENGTH
-from ..api.spec import SGLangHiCacheSpec
+from ..api.spec import (
+    BUILTIN_PREFAULT_THREADS_MESSAGE,
+    BUILTIN_SSD_MESSAGE,
+    SGLangHiCacheSpec,
+)
 from ..api.types import API_VERSION, KIND
 from .errors import Problems
 
@@ -176,6 +180,12 @@ def check_cross_field_rules(spec: SGLangHiCacheSpec, problems: Problems) -> None
             "umbp_standalone_server of mori 1.2.4 always uses io_uring (and falls back to "
             "posix by itself); use io_uring or mode embedded",
         )
+    if spec.l3.backend == "sglang-mori":
+        if ssd.enabled:
+            problems.add("spec.l3", BUILTIN_SSD_MESSAGE)
+        if hc.host_allocator.prefault_threads:
+            problems.add("spec.hiCache.hostAllocator.prefaultThreads",
+                         BUILTIN_PREFAULT_THREADS_MESSAGE)
     if ssd.enabled and (ssd.capacity is None or ssd.volume is None):
         problems.add("spec.l3.ssd", "an enabled SSD tier needs capacity and volume")
     if ssd.volume is not None:

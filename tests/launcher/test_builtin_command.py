@@ -1,0 +1,162 @@
+"""The launcher with SGLang's built-in ``mori`` backend (``HICACHE_L3_BACKEND=sglang-mori``):
+the same launch flow (GPUs -> NUMA, hugepages, sidecar wait), SGLang's own flag, extra-config
+and variables (fake node trees; SGLang's own parser takes the command in
+test_launch_sglang.py, and the pod tier serves with it)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+from hicache_umbp.launch import LaunchError, NodeRoot, plan_launch
+from hicache_umbp.launch.builtin import scheduler_numa_env
+
+from .conftest import io_uring_ok, launch_env
+from .fakenode import GIB, MIB, FakeNode
+from .test_command import REPO
+
+BUILTIN = "sglang-mori"
+
+
+def _plan(node: FakeNode, **env: object):  # type: ignore[no-untyped-def]
+    return plan_launch(launch_env(l3_backend=BUILTIN, **env), NodeRoot(node.root),
+                       io_uring_probe=io_uring_ok)
+
+
+def _storage_args(argv: tuple[str, ...]) -> tuple[str, dict[str, object]]:
+    backend = argv[argv.index("--hicache-storage-backend") + 1]
+    extra = json.loads(argv[argv.index("--hicache-storage-backend-extra-config") + 1])
+    return backend, extra
+
+
+def test_embedded_on_two_numa_nodes(mi355x: FakeNode) -> None:
+    """One process-wide NUMA variable cannot hold 8 ranks on 2 nodes: it is left out, and the
+    per-rank list goes to HICACHE_* for the hook to set in each scheduler."""
+    plan = _plan(mi355x)
+    argv = plan.command.argv
+    assert argv[1:3] == ("-m", "hicache_umbp.serve")
+    assert _storage_args(argv) == ("mori", {"ssd_enabled": False,
+                                            "dram_capacity_bytes": 64 * GIB})
+    assert plan.command.env_overrides == {
+        "HICACHE_HOST_NUMA": "0,0,0,0,1,1,1,1",
+        "HICACHE_UMBP_DRAM_NUMA": "0,0,0,0,1,1,1,1",
+        "SGLANG_HICACHE_HOST_HUGEPAGE": "1",
+        "SGLANG_HICACHE_HOST_HUGEPAGE_SIZE": str(2 * MIB),
+        "SGLANG_HICACHE_HOST_PREFAULT": "1",
+        "UMBP_DRAM_USE_HUGEPAGES": "0",
+        "UMBP_DRAM_PREFAULT": "1",
+    }
+    assert "--hicache-size" in argv and argv[argv.index("--hicache-size") + 1] == "214"
+
+
+def test_embedded_on_one_numa_node_renders_the_node(mi355x: FakeNode) -> None:
+    plan = _plan(mi355x, tp_size=4, umbp_local_ranks=4, host_pool_bytes=100 * GIB,
+                 umbp_dram_hugepage_bytes=2 * MIB)
+    env = plan.command.env_overrides
+    assert env["SGLANG_HICACHE_HOST_NUMA_NODE"] == "0"
+    assert env["UMBP_DRAM_NUMA_NODE"] == "0"
+    assert env["UMBP_DRAM_USE_HUGEPAGES"] == "1"
+    assert env["UMBP_DRAM_HUGEPAGE_SIZE"] == str(2 * MIB)
+
+
+@pytest.fixture
+def sidecar(mi355x: FakeNode) -> Iterator[None]:
+    """A listening DRAM sidecar (both of its sockets) under /run/umbp."""
+    socks = []
+    for path in ("/run/umbp/dram.sock", "/run/umbp/dram.sock.fd.sock"):
+        host = mi355x.p(path)
+        host.parent.mkdir(parents=True, exist_ok=True)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(str(host))
+        s.listen(4)
+        socks.append(s)
+    yield
+    for s in socks:
+        s.close()
+
+
+def test_standalone_waits_for_the_dram_sidecar_and_points_every_rank_at_it(
+    mi355x: FakeNode, sidecar: None
+) -> None:
+    plan = _plan(mi355x, umbp_mode="standalone", umbp_dram_bytes=None,
+                 umbp_socket_dir="/run/umbp")
+    assert plan.report["standalone"]["sockets"] == ["/run/umbp/dram.sock",
+                                                    "/run/umbp/dram.sock.fd.sock"]
+    assert _storage_args(plan.command.argv) == ("mori", {"ssd_enabled": False})
+    env = plan.command.env_overrides
+    assert env["UMBP_STANDALONE_ADDRESS"] == "unix:/run/umbp/dram.sock"
+    assert env["UMBP_STANDALONE_AUTO_START"] == "0"
+    assert not any(k.startswith("UMBP_DRAM_") for k in env)  # the sidecar owns the tier
+
+
+def test_four_k_fallback_turns_sglangs_hugepages_off(mi355x: FakeNode) -> None:
+    mi355x.cgroup_v2({2 * MIB: 0})
+    plan = _plan(mi355x, host_allow_4k_fallback=True)
+    env = plan.command.env_overrides
+    assert env["SGLANG_HICACHE_HOST_HUGEPAGE"] == "0"
+    assert "SGLANG_HICACHE_HOST_HUGEPAGE_SIZE" not in env
+    assert "hugepages->4KiB" in plan.report["fallbacks"]
+
+
+def test_short_hugepages_fail_before_sglang_could_demote_silently(mi355x: FakeNode) -> None:
+    mi355x.cgroup_v2({2 * MIB: 0})
+    with pytest.raises(LaunchError) as e:
+        _plan(mi355x)
+    assert e.value.reason == "HugepagesUnavailable"
+
+
+@pytest.mark.parametrize(("env", "needle"), [
+    ({"umbp_ssd_enabled": True, "umbp_ssd_dir": "/mnt/umbp-ssd",
+      "umbp_ssd_bytes": 1 << 40},
+     "HICACHE_UMBP_SSD_ENABLED=true cannot be served by HICACHE_L3_BACKEND=sglang-mori on mori "
+     "1.2.4: in-process it never writes its SSD tier, and it sends a whole 128-page batch to a "
+     "standalone SSD server, which stages 16 values per batch and fails the rest; use "
+     "l3_backend umbp for an SSD tier"),
+    ({"host_prefault_threads": 8},
+     "HICACHE_HOST_PREFAULT_THREADS=8 cannot be honoured by HICACHE_L3_BACKEND=sglang-mori: "
+     "SGLang's built-in host allocator has no prefault thread setting; leave it 0"),
+    ({"umbp_dram_bytes": ",".join([str(64 * GIB)] * 7 + [str(32 * GIB)])},
+     "SGLang's built-in backend takes one dram_capacity_bytes for every rank"),
+])
+def test_what_the_builtin_backend_cannot_do_is_refused(
+    mi355x: FakeNode, env: dict[str, object], needle: str
+) -> None:
+    with pytest.raises(LaunchError) as e:
+        _plan(mi355x, **env)
+    assert e.value.reason == "InvalidConfig"
+    assert needle in str(e.value)
+
+
+def test_unknown_backend_names_the_choices(mi355x: FakeNode) -> None:
+    with pytest.raises(LaunchError) as e:
+        plan_launch(launch_env(l3_backend="mori"), NodeRoot(mi355x.root))
+    assert "HICACHE_L3_BACKEND='mori' is not allowed; allowed values: umbp, sglang-mori" \
+        in str(e.value)
+
+
+def test_scheduler_numa_env_is_the_ranks_own_node() -> None:
+    env = launch_env(umbp_local_ranks=3, host_numa="0,1,-1", umbp_dram_numa="1,0,1")
+    assert scheduler_numa_env(env, 1) == {"SGLANG_HICACHE_HOST_NUMA_NODE": "1",
+                                          "UMBP_DRAM_NUMA_NODE": "0"}
+    assert scheduler_numa_env(env, 2) == {"SGLANG_HICACHE_HOST_NUMA_NODE": None,
+                                          "UMBP_DRAM_NUMA_NODE": "1"}
+    assert scheduler_numa_env({"PATH": "/bin"}, 0) == {}  # not our launcher: hands off
+
+
+def test_cli_dry_run_shows_the_builtin_command(mi355x: FakeNode) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "hicache_umbp.launch", "--dry-run", "--node-root",
+         str(mi355x.root)],
+        env={"PATH": "/usr/bin:/bin", **launch_env(l3_backend=BUILTIN, tp_size=4,
+                                                   umbp_local_ranks=4)},
+        capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert "--hicache-storage-backend mori --hicache-storage-backend-extra-config" in lines[1]
+    assert "* SGLANG_HICACHE_HOST_NUMA_NODE=0" in lines
+    assert "* SGLANG_HICACHE_HOST_HUGEPAGE_SIZE=2097152" in lines
+    assert "L3 sglang-mori embedded" in out.stderr

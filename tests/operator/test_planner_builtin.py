@@ -1,0 +1,135 @@
+"""``spec.l3.backend: sglang-mori``: what the planner renders for SGLang's built-in backend and
+what it refuses (the launcher's side is tests/launcher/test_builtin_command.py; the facts behind
+the refusals are tests/backend/test_builtin_backend_sglang.py)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hicache_operator.api.config import OperatorConfig
+from hicache_operator.planner import SpecError, plan
+from hicache_umbp.config import load_launch_config
+from shc_testlib import all_containers, load_example
+
+CONFIG = OperatorConfig()
+BUILTIN = "cpu/tiny-llama-builtin.yaml"
+
+
+def _cr(example: str, mutate: Callable[[dict[str, Any]], Any] | None = None) -> dict[str, Any]:
+    cr = copy.deepcopy(load_example(example))
+    if mutate:
+        mutate(cr["spec"])
+    return cr
+
+
+def _builtin(spec: dict[str, Any]) -> None:
+    spec["l3"]["backend"] = "sglang-mori"
+    spec["l3"].pop("ssd", None)
+
+
+def _configmap(objects: list[dict[str, Any]]) -> dict[str, str]:
+    data: dict[str, str] = next(o for o in objects if o["kind"] == "ConfigMap")["data"]
+    return data
+
+
+def _problems(cr: dict[str, Any]) -> list[tuple[str, str]]:
+    with pytest.raises(SpecError) as err:
+        plan(cr, CONFIG)
+    return err.value.problems
+
+
+def test_builtin_embedded_renders_sglangs_flag_and_only_the_keys_it_reads() -> None:
+    p = plan(_cr(BUILTIN), CONFIG)
+    env = _configmap(p.objects)
+    assert env["HICACHE_L3_BACKEND"] == "sglang-mori"
+    for ours in ("HICACHE_UMBP_NAMESPACE", "HICACHE_UMBP_MODEL_ID",
+                 "HICACHE_UMBP_TIER_QUEUE_BYTES", "HICACHE_UMBP_TIER_WRITE_POLICY"):
+        assert ours not in env
+    assert env["HICACHE_UMBP_DRAM_BYTES"] == str(1 << 30)
+    argv = p.engine.sglang_argv
+    assert argv[argv.index("--hicache-storage-backend") + 1] == "mori"
+    assert argv[argv.index("--hicache-storage-backend-extra-config") + 1] == (
+        '{"ssd_enabled":false,"dram_capacity_bytes":1073741824}')
+    cfg = load_launch_config(env)  # the pod reads back what was rendered
+    assert cfg.l3_backend == "sglang-mori" and cfg.store.umbp_dram_bytes == (1 << 30,)
+
+
+def test_our_backend_renders_no_backend_key() -> None:
+    """CRs that never set l3.backend keep their ConfigMap (and config hash) byte for byte, so
+    upgrading the operator restarts no engine."""
+    for example in ("deepseek-r1-mi355x.yaml", "cpu/tiny-llama-standalone.yaml"):
+        assert "HICACHE_L3_BACKEND" not in _configmap(plan(_cr(example), CONFIG).objects)
+
+
+def test_builtin_standalone_uses_the_dram_sidecar() -> None:
+    def standalone(spec: dict[str, Any]) -> None:
+        spec["l3"]["mode"] = "standalone"
+
+    p = plan(_cr(BUILTIN, standalone), CONFIG)
+    names = [c["name"] for c in all_containers(p.objects)]
+    assert sorted(names) == ["engine", "umbp-dram"]
+    env = _configmap(p.objects)
+    assert env["HICACHE_UMBP_SOCKET_DIR"] == "/var/run/umbp"
+    argv = p.engine.sglang_argv
+    assert argv[argv.index("--hicache-storage-backend-extra-config") + 1] == (
+        '{"ssd_enabled":false}')
+    assert not any("MLA" in w for w in p.warnings)
+
+
+@pytest.mark.parametrize("example", ["deepseek-r1-mi355x.yaml", "cpu/tiny-llama-standalone.yaml"])
+def test_builtin_with_an_ssd_tier_is_invalid_with_the_alternative(example: str) -> None:
+    problems = _problems(_cr(example, lambda s: s["l3"].update(backend="sglang-mori")))
+    assert ("spec.l3",
+            "the SSD tier needs backend umbp on mori 1.2.4: SGLang's built-in mori backend "
+            "never writes its SSD tier in-process, and a standalone SSD server fails the part "
+            "of each backup batch beyond its 16 staging slots (Write page to storage: N pages "
+            "failed)") in problems
+
+
+def test_builtin_with_prefault_threads_is_invalid() -> None:
+    def threads(spec: dict[str, Any]) -> None:
+        spec["hiCache"]["hostAllocator"]["prefaultThreads"] = 8
+
+    problems = _problems(_cr(BUILTIN, threads))
+    assert any(p == "spec.hiCache.hostAllocator.prefaultThreads" and "no thread setting" in m
+               for p, m in problems), problems
+
+
+@pytest.mark.parametrize("name", ["SGLANG_HICACHE_HOST_NUMA_NODE", "SGLANG_HICACHE_HOST_HUGEPAGE",
+                                  "SGLANG_HICACHE_HOST_HUGEPAGE_SIZE",
+                                  "SGLANG_HICACHE_HOST_PREFAULT", "UMBP_STANDALONE_ADDRESS"])
+def test_the_variables_the_launcher_renders_are_owned(name: str) -> None:
+    def env(spec: dict[str, Any]) -> None:
+        spec["engine"]["env"].append({"name": name, "value": "1"})
+
+    problems = _problems(_cr(BUILTIN, env))
+    assert any(p == "spec.engine.env[1].name" and f"{name} is owned by the operator" in m
+               for p, m in problems), problems
+
+
+def test_mla_with_attention_tp_above_one_is_warned_about_in_embedded_mode() -> None:
+    p = plan(_cr("deepseek-r1-mi355x.yaml", _builtin), CONFIG)
+    assert any("never serves an L3 hit to an MLA model" in w and "attention TP 8" in w
+               for w in p.warnings), p.warnings
+
+    def dp_attention(spec: dict[str, Any]) -> None:
+        _builtin(spec)
+        spec["engine"].update(dataParallelSize=8, enableDpAttention=True)
+
+    p = plan(_cr("deepseek-r1-mi355x.yaml", dp_attention), CONFIG)
+    assert not any("MLA" in w for w in p.warnings)  # attention TP 1: no follower ranks
+
+
+def test_standalone_with_a_hugepage_pool_is_warned_about() -> None:
+    """Measured in the pod tier: the sidecar keeps the dead engine's pool mapped
+    (tests/pod/test_builtin_pod.py), so hugepages never come back after an engine restart."""
+    def hugepage_standalone(spec: dict[str, Any]) -> None:
+        spec["l3"]["mode"] = "standalone"
+
+    p = plan(_cr(BUILTIN, hugepage_standalone), CONFIG)
+    assert any("HugepagesUnavailable until the pod is deleted" in w for w in p.warnings)
+    p = plan(_cr("cpu/tiny-llama-builtin-standalone.yaml"), CONFIG)  # 4 KiB pool
+    assert not any("HugepagesUnavailable" in w for w in p.warnings)
