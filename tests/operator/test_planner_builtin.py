@@ -110,13 +110,20 @@ def test_the_variables_the_launcher_renders_are_owned(name: str) -> None:
                for p, m in problems), problems
 
 
-def test_mla_with_attention_tp_above_one_is_warned_about_in_embedded_mode() -> None:
-    p = plan(_cr("deepseek-r1-mi355x.yaml", _builtin), CONFIG)
-    assert any("never serves an L3 hit to an MLA model" in w and "attention TP 8" in w
+def test_mla_with_attention_tp_above_one_in_embedded_mode() -> None:
+    def embedded(spec: dict[str, Any], attention: str = "auto") -> None:
+        _builtin(spec)
+        spec["l3"]["mode"] = "embedded"
+        spec["model"]["attention"] = attention
+
+    p = plan(_cr("deepseek-r1-mi355x.yaml", embedded), CONFIG)
+    assert any("built-in backend serves it no L3 hit" in w and "parallelism 8" in w
                for w in p.warnings), p.warnings
+    with pytest.raises(SpecError, match="cannot use an embedded L3"):  # declared MLA: refused
+        plan(_cr("deepseek-r1-mi355x.yaml", lambda s: embedded(s, "mla")), CONFIG)
 
     def dp_attention(spec: dict[str, Any]) -> None:
-        _builtin(spec)
+        embedded(spec)
         spec["engine"].update(dataParallelSize=8, enableDpAttention=True)
 
     p = plan(_cr("deepseek-r1-mi355x.yaml", dp_attention), CONFIG)

@@ -121,14 +121,20 @@ def check_mla_l3(spec: SGLangHiCacheSpec, problems: Problems) -> None:
 
 
 def mla_warnings(spec: SGLangHiCacheSpec) -> list[str]:
-    """``attention: auto`` with attention TP > 1 and an embedded L3: fine for MHA, not MLA."""
+    """``attention: auto`` with attention TP > 1 and an embedded L3: fine for MHA, not MLA.
+
+    Our adapter refuses to start an MLA model in that case; SGLang's built-in backend starts and
+    never serves an L3 hit (measured: tests/backend/test_builtin_backend_sglang.py).
+    """
     tp = attention_tp_size(spec)
-    if spec.model.attention == "auto" and tp > 1 and spec.l3.mode == "embedded":
-        return [f"model.attention is auto with attention tensor parallelism {tp} and an "
-                "embedded L3: if the model is MLA (DeepSeek-V2/V3/R1, Kimi K2) the engine "
-                "refuses to start (per-rank stores never hit); set model.attention (mla needs "
-                "l3.mode standalone)"]
-    return []
+    if spec.model.attention != "auto" or tp <= 1 or spec.l3.mode != "embedded":
+        return []
+    what = ("the built-in backend serves it no L3 hit at all (only rank 0 keeps pages, SGLang "
+            "takes the minimum over the TP group)" if spec.l3.backend == "sglang-mori" else
+            "the engine refuses to start (per-rank stores never hit)")
+    return [f"model.attention is auto with attention tensor parallelism {tp} and an embedded "
+            f"L3: if the model is MLA (DeepSeek-V2/V3/R1, Kimi K2) {what}; set model.attention "
+            "(mla needs l3.mode standalone)"]
 
 
 def check_user_args_and_env(spec: SGLangHiCacheSpec, problems: Problems) -> None:

@@ -219,15 +219,6 @@ def _warnings(
             f"{format_bytes(sizing.dram_total)} in total ({human_bytes(lost)} less than asked); "
             f"use a multiple of {sizing.ranks} x {format_bytes(sizing.dram_page)}"
         )
-    e = spec.engine
-    attn_tp = e.tensor_parallel_size // (e.data_parallel_size if e.enable_dp_attention else 1)
-    if spec.l3.backend == "sglang-mori" and spec.l3.mode == "embedded" and attn_tp > 1:
-        out.append(
-            f"l3.backend sglang-mori in embedded mode never serves an L3 hit to an MLA model "
-            f"(DeepSeek-style) with attention TP {attn_tp}: only its rank 0 keeps pages, the "
-            f"other ranks find none and SGLang takes the minimum over the TP group; for MLA "
-            f"models use l3.mode standalone or l3.backend umbp"
-        )
     if spec.l3.backend == "sglang-mori" and spec.l3.mode == "standalone" and sizing.host_page:
         out.append(
             "l3.backend sglang-mori registers the host pool with the DRAM sidecar, and mori "
