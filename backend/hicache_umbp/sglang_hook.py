@@ -56,6 +56,9 @@ from .versions import SGLANG_VERSION
 log = logging.getLogger(__name__)
 
 TARGET = "sglang.srt.mem_cache.pool_host.common.get_allocator_from_storage"
+# SGLang's built-in mori backend registers its host pool here (a ledger entry for the reaper).
+BUILTIN_REGISTRATION_TARGET = (
+    "sglang.srt.mem_cache.storage.umbp.umbp_store.UMBPStore.register_mem_pool_host")
 # SGLang checks each host pool against its host-memory budget here (pool_host/base.py).
 BUDGET_TARGET = "sglang.srt.mem_cache.pool_host.base.HostKVCache._allocate_host_buffer"
 # Modules that bind the function by name at import time; each must see the wrapper.
@@ -118,6 +121,10 @@ def install() -> None:
         modules = [importlib.import_module(m) for m in BINDING_MODULES]
         HookRegistry.register(TARGET, _around_get_allocator, HookType.AROUND)
         HookRegistry.register(BUDGET_TARGET, _around_allocate_host_buffer, HookType.AROUND)
+        from .standalone_reaper import around_builtin_registration
+
+        HookRegistry.register(BUILTIN_REGISTRATION_TARGET, around_builtin_registration,
+                              HookType.AROUND)
         HookRegistry.apply_hooks()
         stale = [m.__name__ for m in modules if not _answers_probe(m)]
         from sglang.srt.mem_cache.pool_host.base import HostKVCache

@@ -25,11 +25,17 @@ unary call, HTTP/2 without TLS on the server's UNIX socket, headers as HPACK lit
 from __future__ import annotations
 
 import json
+import logging
+import os
 import socket
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
 
 LEDGER_DIR = ".umbp-clients"
 DEREGISTER_METHOD = "/umbp.UMBPStandalone/DeregisterMemory"
@@ -101,6 +107,30 @@ def deregister_client(socket_path: str, client_id: str, *, timeout_s: float = 5.
     raw = client_id.encode()
     message = b"\x0a" + _varint(len(raw)) + raw  # field 1 (client_id), length-delimited
     grpc_unary_unix(socket_path, DEREGISTER_METHOD, message, timeout_s=timeout_s)
+
+
+def around_builtin_registration(original: Callable[..., Any], store: Any, *args: Any,
+                                **kwargs: Any) -> Any:
+    """Ledger entry for SGLang's built-in ``mori`` backend (an AROUND hook on its
+    ``UMBPStore.register_mem_pool_host``, installed by :mod:`hicache_umbp.sglang_hook`).
+
+    That store registers the host pool with the standalone DRAM sidecar the same way and leaks
+    it the same way when its process dies (measured in the pod tier); it opens one mori client
+    per scheduler process. The address comes from its extra-config or ``UMBP_STANDALONE_ADDRESS``
+    as the store itself reads it.
+    """
+    result = original(store, *args, **kwargs)
+    if getattr(store, "_standalone_process_expected", False):
+        extra = getattr(getattr(store, "storage_config", None), "extra_config", None) or {}
+        address = str(extra.get("standalone_address") or
+                      os.environ.get("UMBP_STANDALONE_ADDRESS", ""))
+        if address.startswith("unix:"):
+            try:
+                record(address[len("unix:"):], os.getpid(), clients_opened=1)
+            except OSError as e:  # bookkeeping must never stop the engine
+                log.warning("hicache_umbp: registration ledger not written for %s: %r",
+                            address, e)
+    return result
 
 
 # ----------------------------------------------------------------------------- gRPC over h2c

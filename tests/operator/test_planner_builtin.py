@@ -130,13 +130,3 @@ def test_mla_with_attention_tp_above_one_in_embedded_mode() -> None:
     assert not any("MLA" in w for w in p.warnings)  # attention TP 1: no follower ranks
 
 
-def test_standalone_with_a_hugepage_pool_is_warned_about() -> None:
-    """Measured in the pod tier: the sidecar keeps the dead engine's pool mapped
-    (tests/pod/test_builtin_pod.py), so hugepages never come back after an engine restart."""
-    def hugepage_standalone(spec: dict[str, Any]) -> None:
-        spec["l3"]["mode"] = "standalone"
-
-    p = plan(_cr(BUILTIN, hugepage_standalone), CONFIG)
-    assert any("HugepagesUnavailable until the pod is deleted" in w for w in p.warnings)
-    p = plan(_cr("cpu/tiny-llama-builtin-standalone.yaml"), CONFIG)  # 4 KiB pool
-    assert not any("HugepagesUnavailable" in w for w in p.warnings)

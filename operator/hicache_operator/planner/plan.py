@@ -219,15 +219,6 @@ def _warnings(
             f"{format_bytes(sizing.dram_total)} in total ({human_bytes(lost)} less than asked); "
             f"use a multiple of {sizing.ranks} x {format_bytes(sizing.dram_page)}"
         )
-    if spec.l3.backend == "sglang-mori" and spec.l3.mode == "standalone" and sizing.host_page:
-        out.append(
-            "l3.backend sglang-mori registers the host pool with the DRAM sidecar, and mori "
-            "1.2.4's server keeps a dead engine's registration mapped: after an engine restart "
-            "the pool's hugepages are still held and the new engine cannot start "
-            "(HugepagesUnavailable until the pod is deleted); use hiCache.hostAllocator."
-            "hugePageSize none in standalone mode (each restart then keeps one more pool in "
-            "memory), or l3.backend umbp"
-        )
     strategy = spec.update_strategy.rolling_update
     if strategy is not None and spec.replicas and strategy.partition >= spec.replicas:
         out.append(
