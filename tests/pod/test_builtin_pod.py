@@ -113,9 +113,10 @@ def test_builtin_standalone_serves_storage_hits_after_an_engine_restart(
         assert _metric(metrics, "sglang:cached_tokens_total", cache_source="storage") > 0
         assert _metric(metrics, "sglang:storage_prefetch_hit_tokens_total") > 0
         # mori 1.2.4 would keep the dead engine's registration mapped (and its hugepages held):
-        # the launcher released it, so the sidecar maps only the new engine's pool.
+        # the launcher released it, so the sidecar maps one pool, the new engine's (the restart
+        # itself only succeeded because the hugepages came back).
         after = _memfd_mappings(sidecar_pid)
-        assert after and registered.isdisjoint(after), (registered, after)
+        assert len(after) == len(registered) == 1, (registered, after)
         assert "released the host pool registration" in pod.container("engine").log_text(200_000)
     finally:
         pod.close()
