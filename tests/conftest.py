@@ -10,6 +10,7 @@ tier marker are ``unit``.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,13 @@ TIERS = ("unit", "mori", "sglang", "pod", "e2e", "chart")
 def _selected_venv_tier(config: pytest.Config) -> str | None:
     expr = (config.getoption("markexpr") or "").strip()
     return expr if expr in VENV_TIERS else None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _selected_venv_tier(config) == "sglang":
+        # SGLang's CPU mode, read once at SGLang's import (memory_pool._is_cpu, is_cpu()): set
+        # before any test module imports sglang, as the pod tier's engine env sets it.
+        os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
