@@ -21,8 +21,8 @@ what it must, counters are updated under a lock once per batch.
 
 from __future__ import annotations
 
+import functools
 import logging
-import operator
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -30,7 +30,9 @@ from typing import Any
 
 from .client import UMBPClientLike
 from .keys import KeyScheme
+from .page_input import flatten_pages, is_int, page_pointers
 from .ratelimit import RateLimitedLog
+from .readers import ParallelReads, split_chunks
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +60,9 @@ class UMBPStore:
 
     ``max_batch_pages`` bounds the pages per client call (``None``: one call per batch); the
     SSD path needs it because mori's SSD node stages each key of a batch in one of a fixed
-    number of staging slots. :func:`build_store` picks it.
+    number of staging slots. ``read_threads`` > 1 splits a get batch over that many threads
+    (:mod:`hicache_umbp.readers`; DRAM clients only, never with ``max_batch_pages``).
+    :func:`build_store` picks both.
     """
 
     def __init__(
@@ -71,9 +75,12 @@ class UMBPStore:
         on_close: Callable[[], None] | None = None,
         owns_client: bool = True,
         registered: dict[int, int] | None = None,
+        read_threads: int = 1,
     ) -> None:
         if max_batch_pages is not None and max_batch_pages < 1:
             raise ValueError(f"max_batch_pages={max_batch_pages!r} must be >= 1 or None")
+        if read_threads > 1 and max_batch_pages is not None:
+            raise ValueError("read_threads > 1 is for DRAM clients, which take whole batches")
         self._client = client
         self._keys = keys
         self._parts = keys.parts_per_page
@@ -86,6 +93,7 @@ class UMBPStore:
         self._stats = StoreStats()
         # Shared by siblings over one client: a buffer is registered with the client once.
         self._registered: dict[int, int] = {} if registered is None else registered
+        self._reads = ParallelReads(read_threads) if read_threads > 1 else None
         self._closed = False
 
     @property
@@ -100,6 +108,10 @@ class UMBPStore:
     def max_batch_pages(self) -> int | None:
         return self._max_batch_pages
 
+    @property
+    def read_threads(self) -> int:
+        return self._reads.threads if self._reads is not None else 1
+
     def sibling(self, keys: KeyScheme) -> UMBPStore:
         """A store over the same client and batching with another key scheme (e.g. one per
         split-head group). Siblings share the registrations (a buffer registered through any
@@ -112,6 +124,7 @@ class UMBPStore:
             max_batch_pages=self._max_batch_pages,
             owns_client=False,
             registered=self._registered,
+            read_threads=self.read_threads,
         )
 
     # ------------------------------------------------------------------ registration
@@ -121,7 +134,7 @@ class UMBPStore:
         if self._closed:
             self._fail("closed", "register_buffer called after close()")
             return False
-        if not (_is_int(ptr) and _is_int(size)):
+        if not (is_int(ptr) and is_int(size)):
             self._fail("bad_input", "register_buffer(%r, %r): not integers", ptr, size)
             return False
         if self._registered.get(ptr) == size:
@@ -149,13 +162,11 @@ class UMBPStore:
         n = self._count("set", hashes)
         if n == 0:
             return []
-        results = self._transfer("put", hashes, parts)
+        results, nbytes = self._transfer("put", hashes, parts)
         stored = sum(results)
-        nbytes = self._page_bytes(parts, results)
         with self._lock:
             s = self._stats
-            s.pages_set += stored
-            s.bytes_set += nbytes
+            s.pages_set, s.bytes_set = s.pages_set + stored, s.bytes_set + nbytes
             s.set_failures += n - stored
         return results
 
@@ -168,13 +179,11 @@ class UMBPStore:
         n = self._count("get", hashes)
         if n == 0:
             return []
-        results = self._transfer("get", hashes, parts)
+        results, nbytes = self._transfer("get", hashes, parts)
         hits = sum(results)
-        nbytes = self._page_bytes(parts, results)
         with self._lock:
             s = self._stats
-            s.pages_get += hits
-            s.bytes_get += nbytes
+            s.pages_get, s.bytes_get = s.pages_get + hits, s.bytes_get + nbytes
             s.get_misses += n - hits
         return results
 
@@ -237,6 +246,8 @@ class UMBPStore:
         if self._closed:
             return
         self._closed = True
+        if self._reads is not None:
+            self._reads.close()
         if not self._owns_client:
             return  # the owning store deregisters the shared buffers and closes the client
         for ptr in list(self._registered):
@@ -272,11 +283,12 @@ class UMBPStore:
 
     def _transfer(
         self, op: str, hashes: Sequence[str], parts: Sequence[PagePointers]
-    ) -> list[bool]:
+    ) -> tuple[list[bool], int]:
+        """One boolean per page and the bytes of the pages that succeeded."""
         n = len(hashes)
         if self._closed:
             self._fail("closed", "batch_%s called after close()", op)
-            return [False] * n
+            return [False] * n, 0
         try:
             nparts_given = len(parts)
         except TypeError:
@@ -284,49 +296,71 @@ class UMBPStore:
         if nparts_given != n or isinstance(parts, (str, bytes)):
             self._fail("bad_input", "batch_%s got %d hashes but %r as page pointers",
                        op, n, nparts_given if nparts_given >= 0 else type(parts).__name__)
-            return [False] * n
+            return [False] * n, 0
         try:
             return self._transfer_pages(op, hashes, parts)
         except Exception as e:  # the promise: never raise into SGLang's threads
             self._fail("internal_error", "batch_%s of %d pages raised %r", op, n, e)
-            return [False] * n
+            return [False] * n, 0
 
     def _transfer_pages(
         self, op: str, hashes: Sequence[str], parts: Sequence[PagePointers]
-    ) -> list[bool]:
+    ) -> tuple[list[bool], int]:
         n = len(hashes)
         nparts = self._parts
+        flat = flatten_pages(hashes, parts, nparts)
+        if flat is not None:
+            pages: list[int] = list(range(n))
+            ptrs, sizes = flat
+        else:
+            # Malformed pages (a non-string hash, not exactly ``nparts`` integer (ptr, size)
+            # pairs) are refused one by one; the rest go through.
+            pages, ptrs, sizes = [], [], []
+            for i in range(n):
+                page = page_pointers(hashes[i], parts[i], nparts)
+                if page is not None:
+                    pages.append(i)
+                    ptrs += page[0]
+                    sizes += page[1]
+            self._fail("bad_input", "batch_%s: %d pages are malformed (a hash that is not a "
+                       "string, or not exactly %d integer (ptr, size) parts)",
+                       op, n - len(pages), nparts)
         results = [False] * n
-        # Malformed pages (a non-string hash, not exactly ``nparts`` integer (ptr, size)
-        # pairs) are refused one by one; the rest go through.
-        pages_ok: list[tuple[int, list[int], list[int]]] = []
-        for i in range(n):
-            page = _page_pointers(hashes[i], parts[i], nparts)
-            if page is not None:
-                pages_ok.append((i, *page))
-        if len(pages_ok) != n:
-            self._fail(
-                "bad_input",
-                "batch_%s: %d pages are malformed (a hash that is not a string, or not exactly "
-                "%d integer (ptr, size) parts)",
-                op,
-                n - len(pages_ok),
-                nparts,
-            )
-        step = self._max_batch_pages or len(pages_ok) or 1
+        if not pages:
+            return results, 0
+        keys = self._keys.batch_keys([hashes[i] for i in pages])
         call = (
             self._client.batch_put_from_ptr if op == "put" else self._client.batch_get_into_ptr
         )
-        for start in range(0, len(pages_ok), step):
-            chunk = pages_ok[start : start + step]
-            keys = self._keys.batch_keys([hashes[i] for i, _, _ in chunk])
-            ptrs = [p for _, page_ptrs, _ in chunk for p in page_ptrs]
-            sizes = [s for _, _, page_sizes in chunk for s in page_sizes]
-            key_ok = self._call(op, call, keys, ptrs, sizes)
-            for j, (i, _, _) in enumerate(chunk):
-                base = j * nparts
-                results[i] = all(key_ok[base : base + nparts])
-        return results
+        # Page ranges per client call: the SSD's slot limit, or the readers' split of a get.
+        if op == "get" and self._reads is not None:
+            page_bytes = sizes if nparts == 1 else [
+                sum(sizes[k * nparts : (k + 1) * nparts]) for k in range(len(pages))]
+            ranges = split_chunks(page_bytes, self._reads.threads,
+                                  self._reads.min_bytes_per_thread)
+        else:
+            step = self._max_batch_pages or len(pages)
+            ranges = [range(a, min(a + step, len(pages))) for a in range(0, len(pages), step)]
+        calls = [
+            functools.partial(self._call, op, call, keys[r.start * nparts : r.stop * nparts],
+                              ptrs[r.start * nparts : r.stop * nparts],
+                              sizes[r.start * nparts : r.stop * nparts])
+            for r in ranges
+        ]
+        if self._reads is not None and op == "get":
+            # Keys and pointers were built here: the readers only make the client calls.
+            key_ok = self._reads.run(calls, [len(r) * nparts for r in ranges])
+        else:
+            key_ok = [ok for c in calls for ok in c()]
+        if len(pages) == n and all(key_ok):  # the common case: every page, every part
+            return [True] * n, sum(sizes)
+        nbytes = 0
+        for j, i in enumerate(pages):
+            lo = j * nparts
+            if all(key_ok[lo : lo + nparts]):
+                results[i] = True
+                nbytes += sum(sizes[lo : lo + nparts])
+        return results, nbytes
 
     def _call(
         self,
@@ -356,13 +390,6 @@ class UMBPStore:
             )
         return ok
 
-    def _page_bytes(self, parts: Sequence[PagePointers], results: list[bool]) -> int:
-        total = 0
-        for i, ok in enumerate(results):
-            if ok:  # only pages that passed _page_pointers can be True
-                total += sum(int(size) for _, size in parts[i])
-        return total
-
     def _count_call(self) -> None:
         with self._lock:
             self._stats.client_calls += 1
@@ -371,34 +398,3 @@ class UMBPStore:
         with self._lock:
             self._stats.errors[kind] = self._stats.errors.get(kind, 0) + 1
         self._warn.warn(kind, msg, *args)
-
-
-def _is_int(value: object) -> bool:
-    if isinstance(value, bool):
-        return False
-    try:
-        operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        return False
-    return True
-
-
-def _page_pointers(
-    page_hash: object, page: object, nparts: int
-) -> tuple[list[int], list[int]] | None:
-    """The page's pointers and sizes, or None when the page is malformed."""
-    if type(page_hash) is not str:
-        return None
-    try:
-        if len(page) != nparts:  # type: ignore[arg-type]
-            return None
-        ptrs: list[int] = []
-        sizes: list[int] = []
-        for ptr, size in page:  # type: ignore[attr-defined]
-            if isinstance(ptr, bool) or isinstance(size, bool):
-                return None
-            ptrs.append(operator.index(ptr))
-            sizes.append(operator.index(size))
-    except (TypeError, ValueError):
-        return None
-    return ptrs, sizes
