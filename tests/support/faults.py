@@ -94,6 +94,11 @@ class FaultyClient:
             raise RuntimeError("injected fault in flush")
         return self.inner.flush()
 
+    def clear(self) -> Any:
+        if self._take("clear") == "raise":
+            raise RuntimeError("injected fault in clear")
+        return self.inner.clear()
+
     def close(self) -> None:
         """What closing the store's own client does (``OpenedClient.close``: flush, hooks)."""
         self.closed += 1
