@@ -15,7 +15,6 @@ from collections.abc import Callable
 from .client import OpenedClient, UMBPClientLike, configured_media, make_client
 from .config import BY_KEY, ConfigError, RankConfig
 from .keys import KeyScheme
-from .readers import default_read_threads
 from .staging import (
     SSD_STAGING_SLOTS,
     MemfdStaging,
@@ -121,14 +120,10 @@ def build_store(
         close_all()
         raise
     max_pages: int | None = None
-    read_threads = 1
     if len(opened) == 1:
         client: UMBPClientLike = opened[0].client
         if opened[0].max_batch_keys is not None:
             max_pages = max(1, opened[0].max_batch_keys // keys.parts_per_page)
-        elif opened[0].medium == "dram":
-            # A DRAM client copies one call on one core; gets scale with concurrent calls.
-            read_threads = default_read_threads()
     else:
         dram, ssd = opened
         client = TieredClient(
@@ -159,5 +154,4 @@ def build_store(
         log_interval_s=cfg.umbp_log_interval_s,
         max_batch_pages=max_pages,
         on_close=close_all,
-        read_threads=read_threads,
     )

@@ -21,7 +21,6 @@ what it must, counters are updated under a lock once per batch.
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -32,7 +31,6 @@ from .client import UMBPClientLike
 from .keys import KeyScheme
 from .page_input import flatten_pages, is_int, page_pointers
 from .ratelimit import RateLimitedLog
-from .readers import ParallelReads, split_chunks
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +58,7 @@ class UMBPStore:
 
     ``max_batch_pages`` bounds the pages per client call (``None``: one call per batch); the
     SSD path needs it because mori's SSD node stages each key of a batch in one of a fixed
-    number of staging slots. ``read_threads`` > 1 splits a get batch over that many threads
-    (:mod:`hicache_umbp.readers`; DRAM clients only, never with ``max_batch_pages``).
-    :func:`build_store` picks both.
+    number of staging slots. :func:`build_store` picks it.
     """
 
     def __init__(
@@ -75,12 +71,9 @@ class UMBPStore:
         on_close: Callable[[], None] | None = None,
         owns_client: bool = True,
         registered: dict[int, int] | None = None,
-        read_threads: int = 1,
     ) -> None:
         if max_batch_pages is not None and max_batch_pages < 1:
             raise ValueError(f"max_batch_pages={max_batch_pages!r} must be >= 1 or None")
-        if read_threads > 1 and max_batch_pages is not None:
-            raise ValueError("read_threads > 1 is for DRAM clients, which take whole batches")
         self._client = client
         self._keys = keys
         self._parts = keys.parts_per_page
@@ -93,7 +86,6 @@ class UMBPStore:
         self._stats = StoreStats()
         # Shared by siblings over one client: a buffer is registered with the client once.
         self._registered: dict[int, int] = {} if registered is None else registered
-        self._reads = ParallelReads(read_threads) if read_threads > 1 else None
         self._closed = False
 
     @property
@@ -108,10 +100,6 @@ class UMBPStore:
     def max_batch_pages(self) -> int | None:
         return self._max_batch_pages
 
-    @property
-    def read_threads(self) -> int:
-        return self._reads.threads if self._reads is not None else 1
-
     def sibling(self, keys: KeyScheme) -> UMBPStore:
         """A store over the same client and batching with another key scheme (e.g. one per
         split-head group). Siblings share the registrations (a buffer registered through any
@@ -124,7 +112,6 @@ class UMBPStore:
             max_batch_pages=self._max_batch_pages,
             owns_client=False,
             registered=self._registered,
-            read_threads=self.read_threads,
         )
 
     # ------------------------------------------------------------------ registration
@@ -246,8 +233,6 @@ class UMBPStore:
         if self._closed:
             return
         self._closed = True
-        if self._reads is not None:
-            self._reads.close()
         if not self._owns_client:
             return  # the owning store deregisters the shared buffers and closes the client
         for ptr in list(self._registered):
@@ -322,9 +307,10 @@ class UMBPStore:
                     pages.append(i)
                     ptrs += page[0]
                     sizes += page[1]
-            self._fail("bad_input", "batch_%s: %d pages are malformed (a hash that is not a "
-                       "string, or not exactly %d integer (ptr, size) parts)",
-                       op, n - len(pages), nparts)
+            if len(pages) < n:
+                self._fail("bad_input", "batch_%s: %d pages are malformed (a hash that is not "
+                           "a string, or not exactly %d integer (ptr, size) parts)",
+                           op, n - len(pages), nparts)
         results = [False] * n
         if not pages:
             return results, 0
@@ -332,26 +318,12 @@ class UMBPStore:
         call = (
             self._client.batch_put_from_ptr if op == "put" else self._client.batch_get_into_ptr
         )
-        # Page ranges per client call: the SSD's slot limit, or the readers' split of a get.
-        if op == "get" and self._reads is not None:
-            page_bytes = sizes if nparts == 1 else [
-                sum(sizes[k * nparts : (k + 1) * nparts]) for k in range(len(pages))]
-            ranges = split_chunks(page_bytes, self._reads.threads,
-                                  self._reads.min_bytes_per_thread)
-        else:
-            step = self._max_batch_pages or len(pages)
-            ranges = [range(a, min(a + step, len(pages))) for a in range(0, len(pages), step)]
-        calls = [
-            functools.partial(self._call, op, call, keys[r.start * nparts : r.stop * nparts],
-                              ptrs[r.start * nparts : r.stop * nparts],
-                              sizes[r.start * nparts : r.stop * nparts])
-            for r in ranges
-        ]
-        if self._reads is not None and op == "get":
-            # Keys and pointers were built here: the readers only make the client calls.
-            key_ok = self._reads.run(calls, [len(r) * nparts for r in ranges])
-        else:
-            key_ok = [ok for c in calls for ok in c()]
+        # One client call per batch; an SSD client takes at most max_batch_pages per call.
+        step = self._max_batch_pages or len(pages)
+        key_ok: list[bool] = []
+        for a in range(0, len(pages), step):
+            lo, hi = a * nparts, min(a + step, len(pages)) * nparts
+            key_ok += self._call(op, call, keys[lo:hi], ptrs[lo:hi], sizes[lo:hi])
         if len(pages) == n and all(key_ok):  # the common case: every page, every part
             return [True] * n, sum(sizes)
         nbytes = 0

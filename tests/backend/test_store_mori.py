@@ -24,7 +24,6 @@ from hicache_umbp.client import (
 from hicache_umbp.config import load_store_config
 from hicache_umbp.keys import MHA_PARTS, MLA_PARTS, KeyScheme, PageFormat
 from hicache_umbp.mori_env import standalone_server_env
-from hicache_umbp.readers import default_read_threads
 from hicache_umbp.store import UMBPStore
 from hicache_umbp.tiers import MemfdStaging, MoriShmStaging
 
@@ -118,40 +117,6 @@ def test_embedded_dram_round_trip_is_byte_exact(parts: tuple[str, ...], pools: l
     assert stats.pages_set == stats.pages_get == 24
     assert stats.bytes_get == 24 * len(parts) * PART
     assert stats.errors == {}
-    store.close()
-
-
-@pytest.mark.parametrize("medium", ["embedded", "standalone"])
-def test_a_get_batch_split_over_threads_is_byte_exact(
-    medium: str, parts: tuple[str, ...], pools: list[Pool], standalone_servers: StandaloneServers,
-) -> None:
-    """The store's parallel reads (hicache_umbp.readers) on the real mori DRAM tier, embedded
-    and through a real umbp_standalone_server: a 48-page batch of 48-96 MiB is read in 3
-    concurrent calls (counted by support.faults.FaultyClient), a missing page lands False at
-    its own index, every other page is byte-exact."""
-    from support.faults import FaultyClient
-
-    if medium == "embedded":
-        opened = make_embedded_dram_client(256 * MIB)
-    else:
-        server = standalone_servers.start("dram", standalone_server_env(
-            "dram", capacity_bytes=256 * MIB), "dram")
-        opened = make_standalone_client(server.socket_path, "dram", wait_s=30)
-    client = FaultyClient(opened.client, on_close=opened.close)
-    store = UMBPStore(client, scheme(parts), on_close=None, read_threads=3)  # type: ignore[arg-type]
-    n = 48
-    src, dst = (Pool(n, len(parts), seed, part=MIB, shm=True) for seed in (5, 6))
-    pools += [src, dst]
-    hs = hashes(n, f"parallel-{medium}")
-    assert store.register_buffer(src.ptr, src.nbytes) and store.register_buffer(dst.ptr,
-                                                                                  dst.nbytes)
-    stored = [i for i in range(n) if i != 40]
-    assert store.batch_set([hs[i] for i in stored], src.ptrs(stored)) == [True] * len(stored)
-    dst.zero()
-    assert store.batch_get(hs, dst.ptrs(range(n))) == [i != 40 for i in range(n)]
-    assert client.calls["batch_get_into_ptr"] == 3
-    assert all(np.array_equal(dst.page(i), src.page(i)) for i in stored)
-    assert not dst.page(40).any()
     store.close()
 
 
@@ -256,7 +221,6 @@ def test_build_store_from_the_configuration(tmp_path: Path, pools: list[Pool]) -
     fmt = PageFormat("page_first", "bfloat16", 64)
     keys = KeyScheme("prod/r1", "org/model", 2, 1, MLA_PARTS, fmt)
     store = build_store(cfg.rank(1), keys=keys, value_bytes=PART)
-    assert store.read_threads == default_read_threads()  # a DRAM store splits its gets
     assert store.keys.page_keys("h") == [
         "hicache/v2/prod%2Fr1//org%2Fmodel//page_first/bfloat16/p64/tp2/r1/kv/h"
     ]

@@ -127,7 +127,6 @@ def test_build_store_composes_dram_and_ssd_from_the_configuration(tmp_path: Path
     tiers = store.client
     assert isinstance(tiers, TieredClient)
     assert tiers.write_policy == cfg.umbp_tier_write_policy
-    assert store.read_threads == 1  # the tiered path reads one batch at a time
     serve_larger_than_dram(store, tiers, "built")
     assert glob.glob(str(tmp_path / "rank-0" / "*"))
 
