@@ -7,10 +7,11 @@ strategy's ``HostPoolGroup`` + ``HybridCacheController``, host pool sized by ``-
 heads x 128, bf16: two 512 KiB parts per 64-token page) and MLA (14 layers x 576, bf16: one
 1,032,192 B part per page). One host pool per kind serves every backend: each round attaches a
 backend to the same controller (``attach_storage_backend``, SGLang's runtime attach, as its
-admin API does), backs up 128 fresh pages through the backup thread (one 128-page batch),
-times ``batch_exists`` on the 128 keys, prefetches them back through the hit query and the
-prefetch-io thread, checks every byte, and detaches. Rounds interleave the backends, so all
-see the same machine noise; ratios are medians of per-round ratios.
+admin API does), three times backs up 128 fresh pages through the backup thread (one 128-page
+batch), times ``batch_exists`` on the 128 keys, prefetches them back through the hit query and
+the prefetch-io thread and checks every byte, then detaches. Rounds interleave the backends
+(rotating which goes first), so all see the same machine noise; a round's figure is the median
+of its three repetitions, a ratio the median of the per-round ratios.
 
 Backends: ours (``--hicache-storage-backend dynamic`` with ``hicache_umbp.sglang_adapter``,
 embedded mori DRAM of 1 GiB), the built-in (``mori``: ``umbp_store.UMBPStore``, extra-config
@@ -24,9 +25,15 @@ backed up as 8 radix nodes of 16 pages. Reported per backend: the pages acknowle
 bytes of the files really on disk under its directory (and their allocated blocks) after a
 flush, and the pages read back byte-exact when every node is prefetched.
 
+Last, the v1 calls alone (``bench/backends_v1.py``): both backends built as the controller's
+attach builds them on the same pool, ``batch_set_v1`` / ``batch_get_v1`` / ``batch_exists``
+called directly, without the controller's threads (whose own work is as long as the backend's
+and swings by milliseconds on a shared machine).
+
 Run: ``make bench-backends``. Last line: one JSON object with ``vs_builtin_set``,
-``vs_builtin_get``, ``vs_file_set``, ``vs_file_get`` (the smaller of MHA and MLA),
-``ssd_bytes_ours``, ``ssd_bytes_builtin`` and the per-kind numbers.
+``vs_builtin_get``, ``vs_file_set``, ``vs_file_get`` (through the controller) and
+``vs_builtin_set_v1``, ``vs_builtin_get_v1`` (the v1 calls alone), each the smaller of MHA and
+MLA, ``ssd_bytes_ours``, ``ssd_bytes_builtin`` and the per-kind numbers.
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ MIB = 1 << 20
 PAGE = 64
 PAGES = 128  # one SGLang storage batch
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
+REPS = 3  # backups and prefetches per attach, fresh pages each
 EXISTS_REPEATS = 20
 DRAM = 1 << 30
 SSD_DRAM = 32 * MIB
@@ -121,35 +129,40 @@ def fresh_pages(stack: S.Stack, seed: int) -> tuple[list[int], list[str], Any, l
 
 
 def run_round(stack: S.Stack, name: str, workdir: Path, seed: int) -> dict[str, Any]:
-    """Attach one backend, back up PAGES fresh pages (one batch), time exists, prefetch them
-    back, check every byte, detach."""
+    """Attach one backend; REPS times: back up PAGES fresh pages (one batch), time
+    ``batch_exists`` on their keys, prefetch them back, check every byte; detach. Returns the
+    median of the repetitions."""
     attached(stack, name, workdir, ssd=False)
     ctrl, host = stack.ctrl, stack.host
+    reps: list[dict[str, float]] = []
     try:
-        tokens, hashes, idx, want = fresh_pages(stack, seed)
-        nbytes = sum(len(p) for p in want)
-        t = time.perf_counter()
-        backed = S.backup(ctrl, idx, tokens, hashes)
-        set_s = time.perf_counter() - t
-        host.free(idx)
-        E.wipe_pages(host, idx)
-        exists_s = float("inf")
-        for _ in range(EXISTS_REPEATS):
+        for rep in range(REPS):
+            tokens, hashes, idx, want = fresh_pages(stack, seed * REPS + rep)
+            nbytes = sum(len(p) for p in want)
             t = time.perf_counter()
-            present = ctrl.storage_backend.batch_exists(hashes)
-            exists_s = min(exists_s, time.perf_counter() - t)
-        t = time.perf_counter()
-        got = S.prefetch(ctrl, f"{name}-{seed}", tokens)
-        get_s = time.perf_counter() - t
-        assert got.host_indices is not None, f"{name}: prefetch found nothing"
-        exact = sum(a == b for a, b in zip(E.page_bytes(host, got.host_indices), want,
-                                           strict=True))
-        host.free(got.host_indices)
-        if (backed, present, got.tokens, exact) != (len(tokens), PAGES, len(tokens), PAGES):
-            raise AssertionError(f"{name}: backed up {backed} tokens, {present} pages exist, "
-                                 f"prefetched {got.tokens} tokens, {exact} pages byte-exact")
-        return {"set_gbps": nbytes / set_s / 1e9, "get_gbps": nbytes / get_s / 1e9,
-                "exists_us_per_key": exists_s / PAGES * 1e6}
+            backed = S.backup(ctrl, idx, tokens, hashes)
+            set_s = time.perf_counter() - t
+            host.free(idx)
+            E.wipe_pages(host, idx)
+            exists_s = float("inf")
+            for _ in range(EXISTS_REPEATS):
+                t = time.perf_counter()
+                present = ctrl.storage_backend.batch_exists(hashes)
+                exists_s = min(exists_s, time.perf_counter() - t)
+            t = time.perf_counter()
+            got = S.prefetch(ctrl, f"{name}-{seed}-{rep}", tokens)
+            get_s = time.perf_counter() - t
+            assert got.host_indices is not None, f"{name}: prefetch found nothing"
+            exact = sum(a == b for a, b in zip(E.page_bytes(host, got.host_indices), want,
+                                               strict=True))
+            host.free(got.host_indices)
+            if (backed, present, got.tokens, exact) != (len(tokens), PAGES, len(tokens), PAGES):
+                raise AssertionError(f"{name}: backed up {backed} tokens, {present} pages "
+                                     f"exist, prefetched {got.tokens} tokens, {exact} pages "
+                                     "byte-exact")
+            reps.append({"set_gbps": nbytes / set_s / 1e9, "get_gbps": nbytes / get_s / 1e9,
+                         "exists_us_per_key": exists_s / PAGES * 1e6})
+        return {k: median([r[k] for r in reps]) for k in reps[0]}
     finally:
         detach(stack, workdir)
 
@@ -214,12 +227,16 @@ def bench_kind(kind: str, model: Path, workdir: Path) -> dict[str, Any]:
           f"per round, {ROUNDS} rounds + 1 warm-up, interleaved", flush=True)
     runs: dict[str, list[dict[str, Any]]] = {b: [] for b in BACKENDS}
     for r in range(ROUNDS + 1):
-        for name in BACKENDS:
+        order = BACKENDS[r % 3:] + BACKENDS[:r % 3]  # each backend first, second and last
+        for name in order:
             res = run_round(stack, name, workdir, seed=1000 * r + BACKENDS.index(name))
             if r:  # round 0 warms the code paths and the pool's pages
                 runs[name].append(res)
     ssd = {name: ssd_round(stack, name, workdir, seed=99_000 + i)
            for i, name in enumerate(BACKENDS)}
+    import backends_v1
+
+    v1 = backends_v1.compare(stack, workdir)
     stack.close()
     med = {b: {k: median([r[k] for r in runs[b]]) for k in ("set_gbps", "get_gbps",
                                                             "exists_us_per_key")}
@@ -233,16 +250,24 @@ def bench_kind(kind: str, model: Path, workdir: Path) -> dict[str, Any]:
         "vs_builtin_set": ratio("set_gbps", "builtin"),
         "vs_builtin_get": ratio("get_gbps", "builtin"),
         "vs_file_set": ratio("set_gbps", "file"), "vs_file_get": ratio("get_gbps", "file"),
-        "exists_vs_builtin": ratio("exists_us_per_key", "builtin"),
-        "ssd": ssd,
+        "exists_speed_vs_builtin": 1 / ratio("exists_us_per_key", "builtin"),
+        "ssd": ssd, "v1": v1,
     }
     for b in BACKENDS:
         m = med[b]
         print(f"[{kind}] {b:8s} backup {m['set_gbps']:6.2f} GB/s  prefetch {m['get_gbps']:6.2f}"
               f" GB/s  batch_exists {m['exists_us_per_key']:6.2f} us/key", flush=True)
     print(f"[{kind}] ours vs built-in: backup {out['vs_builtin_set']:.2f}x, prefetch "
-          f"{out['vs_builtin_get']:.2f}x, exists time {out['exists_vs_builtin']:.2f}x; "
+          f"{out['vs_builtin_get']:.2f}x, batch_exists {out['exists_speed_vs_builtin']:.2f}x; "
           f"ours vs file: backup {out['vs_file_set']:.1f}x, prefetch {out['vs_file_get']:.1f}x",
+          flush=True)
+    for b, m in v1["median"].items():
+        print(f"[{kind}] v1 calls alone, {b:8s}: batch_set_v1 {m['set_gbps']:6.2f} GB/s  "
+              f"batch_get_v1 {m['get_gbps']:6.2f} GB/s  batch_exists "
+              f"{m['exists_us_per_key']:5.2f} us/key", flush=True)
+    print(f"[{kind}] v1 calls alone, ours vs built-in: set {v1['vs_builtin_set_v1']:.3f}x, get "
+          f"{v1['vs_builtin_get_v1']:.3f}x, exists {v1['exists_speed_vs_builtin']:.3f}x "
+          f"({backends_v1.SET_REPS} / {backends_v1.GET_REPS} interleaved repetitions)",
           flush=True)
     for b in BACKENDS:
         s = ssd[b]
@@ -264,6 +289,8 @@ def main() -> None:
             key: round(min(k[key] for k in kinds.values()), 3)
             for key in ("vs_builtin_set", "vs_builtin_get", "vs_file_set", "vs_file_get")
         }
+        result |= {key: round(min(k["v1"][key] for k in kinds.values()), 3)
+                   for key in ("vs_builtin_set_v1", "vs_builtin_get_v1")}
         result |= {
             "ssd_bytes_ours": sum(k["ssd"]["ours"]["disk_bytes"] for k in kinds.values()),
             "ssd_bytes_builtin": sum(k["ssd"]["builtin"]["disk_bytes"] for k in kinds.values()),
@@ -271,7 +298,7 @@ def main() -> None:
             "ssd_exact_pages": {b: {kind: k["ssd"][b]["exact_pages"] for kind, k in kinds.items()}
                                 for b in BACKENDS},
             "per_kind": {kind: {key: (round(v, 3) if isinstance(v, float) else v)
-                                for key, v in k.items() if key not in ("ssd", "median")}
+                                for key, v in k.items() if key not in ("ssd", "median", "v1")}
                          | {"median": {b: {m: round(x, 3) for m, x in d.items()}
                                        for b, d in k["median"].items()}}
                          for kind, k in kinds.items()},
