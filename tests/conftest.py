@@ -1,11 +1,12 @@
 """Test tiers.
 
 A tier is a pytest marker. Tests that need a heavy environment live in files named
-``test_*_<tier>.py`` for the tiers with their own interpreter (``mori``: Python 3.10 venv with the
-real amd-mori; ``sglang``: Python 3.11 venv with real SGLang 0.5.23 and CPU torch). Those files set
-``pytestmark`` themselves. Running ``-m mori`` or ``-m sglang`` collects only such files (the other
-test modules import packages those venvs do not carry); every other run skips them. Tests without a
-tier marker are ``unit``.
+``test_*_<tier>.py`` for the tiers with their own interpreter (``mori``, ``sglang`` and ``pod``:
+the engine environment, Python 3.12 with the real amd-mori 1.2.4, SGLang 0.5.23 and torch, see
+scripts/build-engine-env.sh). Those files set ``pytestmark`` themselves. Running ``-m mori``
+or ``-m sglang`` collects only such files (the other test modules import packages that
+environment does not carry); every other run skips them. Tests without a tier marker are
+``unit``.
 """
 
 from __future__ import annotations
