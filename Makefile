@@ -8,8 +8,8 @@ ENGINE_PY := .cache/venvs/engine/bin/engine-python
 EXAMPLE ?= examples/deepseek-r1-mi355x.yaml
 
 .PHONY: help venv demo test lint test-unit test-mori test-sglang test-pod test-e2e test-chart \
-        engine-env chart-tools bench-l3 bench-host-pool bench-plan bench-sglang bench-pod \
-        bench-reconcile render-chart crd clean
+        engine-env chart-tools bench-l3 bench-host-pool bench-plan bench-sglang bench-backends \
+        bench-pod bench-reconcile render-chart crd clean
 
 help:
 	@echo "make demo   - plan an example SGLangHiCache CR and show what the operator would create"
@@ -72,6 +72,10 @@ bench-plan: venv
 
 bench-sglang: engine-env
 	$(ENGINE_PY) bench/sglang_backend.py
+
+# Ours vs SGLang's built-in `mori` backend vs its `file` backend, same stack, same pages.
+bench-backends: engine-env
+	$(ENGINE_PY) bench/backends.py
 
 bench-pod: engine-env
 	$(ENGINE_PY) bench/pod.py

@@ -90,13 +90,13 @@ def dynamic_extra_config(**settings: Any) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def use_client_opener(opener: ClientOpener) -> Iterator[None]:
-    """Open UMBP clients with ``opener`` instead of mori for backends constructed while the
-    block runs (the client opens later, when SGLang registers the host pool).
+    """Open UMBP clients with ``opener`` instead of the configuration's mori clients for
+    backends constructed while the block runs (the client opens later, when SGLang registers
+    the host pool).
 
-    For the ``sglang`` test tier: mori (cp310/cp312 wheels) is not installable beside SGLang's
-    Python 3.11 CPU venv, so tests hand in the in-process double
-    (``tests/support/memory_client.py``), which the ``mori`` tier validates
-    against the real client.
+    Never used in production. Tests use it to wrap the real mori client in a fault injector
+    (``tests/support/faults.py``) and benchmarks to put a client that returns at once under
+    the adapter (its own cost, measured apart from mori's).
     """
     global _client_opener
     previous, _client_opener = _client_opener, opener

@@ -22,7 +22,6 @@ what it must, counters are updated under a lock once per batch.
 from __future__ import annotations
 
 import logging
-import operator
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -30,6 +29,7 @@ from typing import Any
 
 from .client import UMBPClientLike
 from .keys import KeyScheme
+from .page_input import flatten_pages, is_int, page_pointers
 from .ratelimit import RateLimitedLog
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ class UMBPStore:
         if self._closed:
             self._fail("closed", "register_buffer called after close()")
             return False
-        if not (_is_int(ptr) and _is_int(size)):
+        if not (is_int(ptr) and is_int(size)):
             self._fail("bad_input", "register_buffer(%r, %r): not integers", ptr, size)
             return False
         if self._registered.get(ptr) == size:
@@ -149,13 +149,11 @@ class UMBPStore:
         n = self._count("set", hashes)
         if n == 0:
             return []
-        results = self._transfer("put", hashes, parts)
+        results, nbytes = self._transfer("put", hashes, parts)
         stored = sum(results)
-        nbytes = self._page_bytes(parts, results)
         with self._lock:
             s = self._stats
-            s.pages_set += stored
-            s.bytes_set += nbytes
+            s.pages_set, s.bytes_set = s.pages_set + stored, s.bytes_set + nbytes
             s.set_failures += n - stored
         return results
 
@@ -168,13 +166,11 @@ class UMBPStore:
         n = self._count("get", hashes)
         if n == 0:
             return []
-        results = self._transfer("get", hashes, parts)
+        results, nbytes = self._transfer("get", hashes, parts)
         hits = sum(results)
-        nbytes = self._page_bytes(parts, results)
         with self._lock:
             s = self._stats
-            s.pages_get += hits
-            s.bytes_get += nbytes
+            s.pages_get, s.bytes_get = s.pages_get + hits, s.bytes_get + nbytes
             s.get_misses += n - hits
         return results
 
@@ -272,11 +268,12 @@ class UMBPStore:
 
     def _transfer(
         self, op: str, hashes: Sequence[str], parts: Sequence[PagePointers]
-    ) -> list[bool]:
+    ) -> tuple[list[bool], int]:
+        """One boolean per page and the bytes of the pages that succeeded."""
         n = len(hashes)
         if self._closed:
             self._fail("closed", "batch_%s called after close()", op)
-            return [False] * n
+            return [False] * n, 0
         try:
             nparts_given = len(parts)
         except TypeError:
@@ -284,49 +281,58 @@ class UMBPStore:
         if nparts_given != n or isinstance(parts, (str, bytes)):
             self._fail("bad_input", "batch_%s got %d hashes but %r as page pointers",
                        op, n, nparts_given if nparts_given >= 0 else type(parts).__name__)
-            return [False] * n
+            return [False] * n, 0
         try:
             return self._transfer_pages(op, hashes, parts)
         except Exception as e:  # the promise: never raise into SGLang's threads
             self._fail("internal_error", "batch_%s of %d pages raised %r", op, n, e)
-            return [False] * n
+            return [False] * n, 0
 
     def _transfer_pages(
         self, op: str, hashes: Sequence[str], parts: Sequence[PagePointers]
-    ) -> list[bool]:
+    ) -> tuple[list[bool], int]:
         n = len(hashes)
         nparts = self._parts
+        flat = flatten_pages(hashes, parts, nparts)
+        if flat is not None:
+            pages: list[int] = list(range(n))
+            ptrs, sizes = flat
+        else:
+            # Malformed pages (a non-string hash, not exactly ``nparts`` integer (ptr, size)
+            # pairs) are refused one by one; the rest go through.
+            pages, ptrs, sizes = [], [], []
+            for i in range(n):
+                page = page_pointers(hashes[i], parts[i], nparts)
+                if page is not None:
+                    pages.append(i)
+                    ptrs += page[0]
+                    sizes += page[1]
+            if len(pages) < n:
+                self._fail("bad_input", "batch_%s: %d pages are malformed (a hash that is not "
+                           "a string, or not exactly %d integer (ptr, size) parts)",
+                           op, n - len(pages), nparts)
         results = [False] * n
-        # Malformed pages (a non-string hash, not exactly ``nparts`` integer (ptr, size)
-        # pairs) are refused one by one; the rest go through.
-        pages_ok: list[tuple[int, list[int], list[int]]] = []
-        for i in range(n):
-            page = _page_pointers(hashes[i], parts[i], nparts)
-            if page is not None:
-                pages_ok.append((i, *page))
-        if len(pages_ok) != n:
-            self._fail(
-                "bad_input",
-                "batch_%s: %d pages are malformed (a hash that is not a string, or not exactly "
-                "%d integer (ptr, size) parts)",
-                op,
-                n - len(pages_ok),
-                nparts,
-            )
-        step = self._max_batch_pages or len(pages_ok) or 1
+        if not pages:
+            return results, 0
+        keys = self._keys.batch_keys([hashes[i] for i in pages])
         call = (
             self._client.batch_put_from_ptr if op == "put" else self._client.batch_get_into_ptr
         )
-        for start in range(0, len(pages_ok), step):
-            chunk = pages_ok[start : start + step]
-            keys = self._keys.batch_keys([hashes[i] for i, _, _ in chunk])
-            ptrs = [p for _, page_ptrs, _ in chunk for p in page_ptrs]
-            sizes = [s for _, _, page_sizes in chunk for s in page_sizes]
-            key_ok = self._call(op, call, keys, ptrs, sizes)
-            for j, (i, _, _) in enumerate(chunk):
-                base = j * nparts
-                results[i] = all(key_ok[base : base + nparts])
-        return results
+        # One client call per batch; an SSD client takes at most max_batch_pages per call.
+        step = self._max_batch_pages or len(pages)
+        key_ok: list[bool] = []
+        for a in range(0, len(pages), step):
+            lo, hi = a * nparts, min(a + step, len(pages)) * nparts
+            key_ok += self._call(op, call, keys[lo:hi], ptrs[lo:hi], sizes[lo:hi])
+        if len(pages) == n and all(key_ok):  # the common case: every page, every part
+            return [True] * n, sum(sizes)
+        nbytes = 0
+        for j, i in enumerate(pages):
+            lo = j * nparts
+            if all(key_ok[lo : lo + nparts]):
+                results[i] = True
+                nbytes += sum(sizes[lo : lo + nparts])
+        return results, nbytes
 
     def _call(
         self,
@@ -356,13 +362,6 @@ class UMBPStore:
             )
         return ok
 
-    def _page_bytes(self, parts: Sequence[PagePointers], results: list[bool]) -> int:
-        total = 0
-        for i, ok in enumerate(results):
-            if ok:  # only pages that passed _page_pointers can be True
-                total += sum(int(size) for _, size in parts[i])
-        return total
-
     def _count_call(self) -> None:
         with self._lock:
             self._stats.client_calls += 1
@@ -371,34 +370,3 @@ class UMBPStore:
         with self._lock:
             self._stats.errors[kind] = self._stats.errors.get(kind, 0) + 1
         self._warn.warn(kind, msg, *args)
-
-
-def _is_int(value: object) -> bool:
-    if isinstance(value, bool):
-        return False
-    try:
-        operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        return False
-    return True
-
-
-def _page_pointers(
-    page_hash: object, page: object, nparts: int
-) -> tuple[list[int], list[int]] | None:
-    """The page's pointers and sizes, or None when the page is malformed."""
-    if type(page_hash) is not str:
-        return None
-    try:
-        if len(page) != nparts:  # type: ignore[arg-type]
-            return None
-        ptrs: list[int] = []
-        sizes: list[int] = []
-        for ptr, size in page:  # type: ignore[attr-defined]
-            if isinstance(ptr, bool) or isinstance(size, bool):
-                return None
-            ptrs.append(operator.index(ptr))
-            sizes.append(operator.index(size))
-    except (TypeError, ValueError):
-        return None
-    return ptrs, sizes

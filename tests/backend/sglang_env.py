@@ -1,20 +1,25 @@
-"""Real SGLang 0.5.23 objects on CPU for the ``sglang`` tier (imported only by test_*_sglang.py).
+"""Real SGLang 0.5.23 objects on CPU for the ``sglang`` tier (imported only by test_*_sglang.py,
+:mod:`.sglang_stack` and the engine benchmarks).
 
 What is real: SGLang's ``ServerArgs`` resolution and ``publish`` (process config as a scheduler
-sees it), device KV pools (``MHATokenToKVPool`` / ``MLATokenToKVPool`` on CPU), host pools
-(``MHATokenToKVPoolHost`` / ``MLATokenToKVPoolHost``, pin_memory=False), the paged allocator, the
-``HiCacheController`` with its prefetch/backup threads, the ``StorageBackendFactory``, SGLang's
-page-hash chain (``get_storage_hash_str``). What stands in: the model is a tiny local
-``config.json`` (no weights; SGLang only reads the config here), and the UMBP client is the
-in-process double (mori has no Python 3.11 wheel), which the ``mori`` tier validates against
-the real mori.
+sees it), SGLang's plugin loading, device KV pools (``MHATokenToKVPool`` / ``MLATokenToKVPool`` on
+CPU), host pools (``MHATokenToKVPoolHost`` / ``MLATokenToKVPoolHost``), the paged allocator, the
+``StorageBackendFactory``, SGLang's page-hash chain (``get_storage_hash_str``), and under the
+adapter the real amd-mori 1.2.4 client (the engine environment holds SGLang and mori in one
+Python, as the engine image does). The scheduler's stack (``HybridCacheController``) is built in
+:mod:`.sglang_stack`.
+
+What stands in: the model is a tiny local ``config.json`` (no weights; SGLang only reads the
+config here), and SGLang runs in its CPU mode (``SGLANG_USE_CPU_ENGINE=1``, set by
+tests/conftest.py for this tier) with the test-support plugin of ``tests/cpu_engine``, which
+builds host pools unpinned (``cudaHostRegister`` needs a GPU driver) and supplies pure-torch
+device<->host KV copies (never called by these tests: they move pages between host pools and
+L3 only).
 """
 
 from __future__ import annotations
 
 import json
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +32,9 @@ HEAD_DIM = 8
 MLA_LORA = 16
 MLA_ROPE = 8
 DEVICE_TOKENS = 256
+# --hicache-size in GB, as production sizes host pools (SGLang: host_size * 1e9 // bytes per
+# token). The pool is mapped, not touched: tests write only the pages they use.
+HICACHE_SIZE_GB = 1
 MODEL_NAME = "tiny-llama"
 
 TINY_CONFIG = {
@@ -52,41 +60,60 @@ def tiny_model_dir(root: Path) -> Path:
 
 
 def publish_scheduler(
-    model_dir: Path, extra_config: dict[str, Any] | None, backend: str | None = "dynamic"
-) -> None:
-    """Resolve real ServerArgs and publish them as a scheduler process would (rank 0 of 1)."""
+    model_dir: Path,
+    extra_config: dict[str, Any] | None,
+    backend: str | None = "dynamic",
+    *,
+    layout: str = "page_first",
+    hicache_size_gb: int = HICACHE_SIZE_GB,
+    page: int = PAGE,
+) -> Any:
+    """Resolve real ServerArgs and publish them as a scheduler process would (rank 0 of 1), then
+    load SGLang's plugins as every SGLang process does (our host-allocator hook and the CPU
+    test-support plugin). ``page_first`` pairs with the ``kernel`` I/O backend and
+    ``page_first_direct`` with ``direct``, as SGLang's own resolution insists."""
     from sglang.srt import runtime_context as rc
+    from sglang.srt.plugins import load_plugins
     from sglang.srt.server_args import ServerArgs
 
     args = ServerArgs(
         model_path=str(model_dir),
         served_model_name=MODEL_NAME,
         enable_hierarchical_cache=True,
-        hicache_mem_layout="page_first",
+        hicache_mem_layout=layout,
+        hicache_io_backend="direct" if layout == "page_first_direct" else "kernel",
+        hicache_write_policy="write_back",
+        hicache_size=hicache_size_gb,
         hicache_storage_backend=backend,
         hicache_storage_backend_extra_config=(
             json.dumps(extra_config) if extra_config is not None else None
         ),
         device="cpu",
-        page_size=PAGE,
+        page_size=page,
     )
     rc.publish(args, role="scheduler", ranks=rc.SpawnRanks(world_rank=0))
+    load_plugins()
+    return args
 
 
-def mha_device_pool(dtype: torch.dtype = torch.bfloat16, page: int = PAGE) -> Any:
+def mha_device_pool(
+    dtype: torch.dtype = torch.bfloat16, page: int = PAGE, size: int = DEVICE_TOKENS
+) -> Any:
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
     return MHATokenToKVPool(
-        size=DEVICE_TOKENS, page_size=page, dtype=dtype, head_num=MHA_HEADS,
+        size=size, page_size=page, dtype=dtype, head_num=MHA_HEADS,
         head_dim=HEAD_DIM, layer_num=LAYERS, device="cpu", enable_memory_saver=False,
     )
 
 
-def mla_device_pool(dtype: torch.dtype = torch.bfloat16, page: int = PAGE) -> Any:
+def mla_device_pool(
+    dtype: torch.dtype = torch.bfloat16, page: int = PAGE, size: int = DEVICE_TOKENS
+) -> Any:
     from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
 
     return MLATokenToKVPool(
-        size=DEVICE_TOKENS, page_size=page, dtype=dtype, kv_lora_rank=MLA_LORA,
+        size=size, page_size=page, dtype=dtype, kv_lora_rank=MLA_LORA,
         qk_rope_head_dim=MLA_ROPE, layer_num=LAYERS, device="cpu", enable_memory_saver=False,
     )
 
@@ -97,8 +124,10 @@ def host_pool(
     allocator_type: str = "default",
     ratio: float = 4.0,
 ) -> Any:
-    """The real host pool SGLang builds for the device pool (same constructor arguments; the
-    page size is the device pool's)."""
+    """A real host pool for the device pool, built with its constructor (same arguments as
+    SGLang's ``build_kv_host_pool``; the page size is the device pool's) and sized by ``ratio``
+    so adapter-level tests get small pools. The controller tests take the pool SGLang's own
+    assembler sizes from ``--hicache-size`` (:func:`.sglang_stack.scheduler_stack`)."""
     from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
     from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
     from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
@@ -145,6 +174,24 @@ def wipe(host: Any) -> None:
         t.view(torch.uint8).zero_()
 
 
+def fill_pages(host: Any, host_indices: torch.Tensor, seed: int) -> None:
+    """Random bytes in the given pages only, through SGLang's own flat-page writer (a host pool
+    sized by --hicache-size is mostly never touched)."""
+    g = torch.Generator().manual_seed(seed)
+    for i in range(0, len(host_indices), host.page_size):
+        flat = host.get_data_page(int(host_indices[i]), flat=True)
+        raw = torch.randint(0, 256, (flat.numel() * flat.element_size(),), dtype=torch.uint8,
+                            generator=g)
+        host.set_from_flat_data_page(int(host_indices[i]), raw.view(flat.dtype))
+
+
+def wipe_pages(host: Any, host_indices: torch.Tensor) -> None:
+    """Zero the given pages through SGLang's flat-page writer."""
+    for i in range(0, len(host_indices), host.page_size):
+        flat = host.get_data_page(int(host_indices[i]), flat=True)
+        host.set_from_flat_data_page(int(host_indices[i]), torch.zeros_like(flat))
+
+
 def page_hashes(tokens: list[int]) -> list[str]:
     """SGLang's own page-hash chain (64-hex SHA-256), as the controller computes it."""
     from sglang.srt.mem_cache.utils import get_storage_hash_str
@@ -152,63 +199,6 @@ def page_hashes(tokens: list[int]) -> list[str]:
     hashes = get_storage_hash_str(tokens, None, page_size=PAGE)
     assert isinstance(hashes, list)
     return hashes
-
-
-def controller(device_pool: Any, host: Any, extra_config: dict[str, Any]) -> Any:
-    """A real HiCacheController attached to the dynamic backend given by extra_config."""
-    from sglang.srt.managers.cache_controller import HiCacheController
-    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
-
-    allocator = PagedTokenToKVPoolAllocator(
-        DEVICE_TOKENS, PAGE, torch.bfloat16, "cpu", device_pool, need_sort=False
-    )
-    return HiCacheController(
-        token_to_kv_pool_allocator=allocator,
-        mem_pool_host=host,
-        page_size=PAGE,
-        tp_group=None,
-        load_cache_event=threading.Event(),
-        write_policy="write_back",
-        io_backend="direct",
-        storage_backend="dynamic",
-        model_name=MODEL_NAME,
-        storage_backend_extra_config=dict(extra_config),
-    )
-
-
-def wait_for(queue: Any, timeout_s: float = 60.0) -> Any:
-    """Next item of a controller queue (a hang fails the test instead of blocking it)."""
-    return queue.get(block=True, timeout=timeout_s)
-
-
-def backup(ctrl: Any, host_indices: torch.Tensor, tokens: list[int], hashes: list[str]) -> int:
-    """Drive the controller's backup thread like the radix cache does; tokens backed up."""
-    op_id = ctrl.write_storage(host_indices, tokens, hash_value=hashes)
-    op = wait_for(ctrl.ack_backup_queue)
-    assert op.id == op_id
-    return int(op.completed_tokens)
-
-
-def prefetch(ctrl: Any, rid: str, tokens: list[int]) -> tuple[int, torch.Tensor | None, Any]:
-    """Drive hit query + transfer like the scheduler does: (tokens fetched, host indices, op)."""
-    op = ctrl.prefetch(rid, tokens)
-    hit = wait_for(ctrl.prefetch_hit_queue)
-    assert hit is op
-    if op.storage_hit_count == 0:
-        return 0, None, op
-    indices = ctrl.alloc_prefetch_host_buffers(op, op.storage_hit_count)
-    assert indices is not None
-    op.host_indices = indices
-    ctrl.prefetch_buffer.put(op)
-    completed = 0
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        ack = wait_for(ctrl.ack_prefetch_queue)
-        if ack.completed_tokens is not None:
-            completed = ack.completed_tokens
-        if ack.completed_req:
-            return completed, indices, op
-    raise AssertionError("prefetch did not complete")
 
 
 def spawn_probe(model_dir: str) -> dict[str, Any]:

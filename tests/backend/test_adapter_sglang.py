@@ -1,24 +1,28 @@
-"""The UMBP HiCache backend inside real SGLang 0.5.23 objects (no controller threads here).
+"""The UMBP HiCache backend inside real SGLang 0.5.23 objects over the REAL amd-mori 1.2.4 (no
+controller threads here; those are in test_controller_sglang.py).
 
 Real: SGLang's StorageBackendFactory, HiCacheStorageConfig, device and host KV pools
 (MHATokenToKVPoolHost page_first / page_first_direct / page_head, MLATokenToKVPoolHost) on CPU,
 their get_page_buffer_meta pointer math, the launcher's extra-config rendering, our config
-parsing, key scheme and store. Faked: the UMBP client is the in-process double
-(support.memory_client), because mori has no wheel for this Python 3.11 venv; the ``mori``
-tier runs the same client contract against the real mori.
+parsing, key scheme and store, and the mori client the configuration opens (embedded DRAM; a
+real ``umbp_standalone_server`` where two ranks share pages, as they do in production). Where a
+test counts client calls or injects a client failure, the real client is wrapped in
+:class:`support.faults.FaultyClient` (everything below the wrapper is mori).
 """
 
 from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from hicache_umbp.config import ConfigError, load_launch_config
-from hicache_umbp.keys import parse_key
+from hicache_umbp.keys import MHA_PARTS, KeyScheme, parse_key
 from hicache_umbp.launch.command import store_extra_config
+from hicache_umbp.mori_env import standalone_server_env
 from hicache_umbp.sglang_adapter import (
     CLASS_NAME,
     MODULE_PATH,
@@ -26,13 +30,15 @@ from hicache_umbp.sglang_adapter import (
     dynamic_extra_config,
     use_client_opener,
 )
-from support.memory_client import MemoryUMBPClient
+from support.faults import FaultyClient, real_client_opener
 
 from . import sglang_env as E
+from .conftest import StandaloneServers
 
 pytestmark = pytest.mark.sglang
 
 MIB = 1 << 20
+_MODEL: list[Path] = []
 
 
 def storage_config(extra: dict[str, Any], *, mla: bool = False, **over: Any) -> Any:
@@ -48,29 +54,68 @@ def storage_config(extra: dict[str, Any], *, mla: bool = False, **over: Any) -> 
 
 
 def base_extra(**settings: Any) -> dict[str, Any]:
-    """Two local ranks (tp 2 in one pod) unless a test says otherwise."""
+    """Two local ranks (tp 2 in one pod) unless a test says otherwise; embedded mori DRAM."""
     settings.setdefault("umbp_local_ranks", 2)
-    return dynamic_extra_config(umbp_dram_bytes=64 * MIB, umbp_namespace="ns/app", **settings)
+    if settings.get("umbp_mode", "embedded") == "embedded":
+        settings.setdefault("umbp_dram_bytes", 16 * MIB)
+    return dynamic_extra_config(umbp_namespace="ns/app", host_hugepage_bytes=0,
+                                host_prefault=False, **settings)
+
+
+def standalone_extra(servers: StandaloneServers, **settings: Any) -> dict[str, Any]:
+    """A real umbp-dram sidecar (started once per test) and the extra-config pointing at it."""
+    if not any(s.medium == "dram" for s in servers.started):
+        servers.start("dram", standalone_server_env("dram", capacity_bytes=64 * MIB), "dram")
+    return base_extra(umbp_mode="standalone", umbp_socket_dir=str(servers.workdir),
+                      umbp_standalone_wait_s=30, **settings)
+
+
+def publish(extra: dict[str, Any]) -> None:
+    """Publish the server config as SGLang's scheduler does (our allocator hook reads it)."""
+    import tempfile
+
+    if not _MODEL:
+        _MODEL.append(E.tiny_model_dir(Path(tempfile.mkdtemp(prefix="hicache-model-"))))
+    E.publish_scheduler(_MODEL[0], extra)
 
 
 def make_backend(
-    kind: str = "mha", layout: str = "page_first", client: MemoryUMBPClient | None = None,
-    extra: dict[str, Any] | None = None, dtype: torch.dtype = torch.bfloat16, page: int = E.PAGE,
-    format_tag: str | None = None, **over: Any,
-) -> tuple[UMBPHiCacheStorage, Any, MemoryUMBPClient]:
+    kind: str = "mha", layout: str = "page_first", extra: dict[str, Any] | None = None,
+    dtype: torch.dtype = torch.bfloat16, page: int = E.PAGE, format_tag: str | None = None,
+    spy: bool = False, hook_allocator: bool = False, **over: Any,
+) -> tuple[UMBPHiCacheStorage, Any, Any]:
+    """(backend, host pool, client): the backend the factory builds and registers with a real
+    host pool; the client is the real mori client it opened, or with ``spy`` that client in a
+    :class:`FaultyClient`. ``hook_allocator``: the host pool comes from our allocator under
+    the published config (a standalone server accepts only its mori-shm memory), else from
+    SGLang's default allocator."""
+    from sglang.srt.mem_cache.pool_host.common import get_allocator_type
     from sglang.srt.mem_cache.storage import StorageBackendFactory
 
-    client = client or MemoryUMBPClient(64 * MIB)
+    extra = extra or base_extra()
+    allocator = "default"
+    if hook_allocator:
+        publish(extra)
+        allocator = get_allocator_type()
     make_dev = E.mla_device_pool if kind == "mla" else E.mha_device_pool
-    host = E.host_pool(make_dev(dtype=dtype, page=page), layout=layout)
+    host = E.host_pool(make_dev(dtype=dtype, page=page), layout=layout, allocator_type=allocator)
     if format_tag is not None:  # SGLang's unified pool sets it as a class attribute
         host.storage_format_tag = format_tag
-    cfg = storage_config(extra or base_extra(), mla=kind == "mla", **over)
-    with use_client_opener(lambda rank_config: client):
+    cfg = storage_config(extra, mla=kind == "mla", **over)
+    made: list[FaultyClient] = []
+    if spy:
+        with use_client_opener(real_client_opener(made)):
+            backend = StorageBackendFactory.create_backend("dynamic", cfg, host)
+    else:
         backend = StorageBackendFactory.create_backend("dynamic", cfg, host)
     backend.register_mem_pool_host(host)
     assert isinstance(backend, UMBPHiCacheStorage)
-    return backend, host, client
+    return backend, host, (made[0] if spy else backend.stores[0].client)
+
+
+def present(client: Any, keys: list[str]) -> list[bool]:
+    """Which UMBP keys the (real) client holds."""
+    return [bool(x) for x in client.batch_exists(keys)]
 
 
 def hashes(n: int, seed: int = 0) -> list[str]:
@@ -86,10 +131,9 @@ def test_factory_builds_backend_from_the_launcher_rendered_extra_config() -> Non
     extra = json.loads(json.dumps(store_extra_config(load_launch_config(env), {})))
     assert (extra["module_path"], extra["class_name"]) == (MODULE_PATH, CLASS_NAME)
     host = E.host_pool(E.mha_device_pool())
-    client = MemoryUMBPClient(64 * MIB)
-    with use_client_opener(lambda rank_config: client):
-        backend = StorageBackendFactory.create_backend("dynamic", storage_config(extra), host)
+    backend = StorageBackendFactory.create_backend("dynamic", storage_config(extra), host)
     assert type(backend) is UMBPHiCacheStorage
+    assert backend.stores == []  # mori's client opens when SGLang registers the host pool
     assert backend.interface_v1
     assert backend.config.umbp_namespace == "team-a/llama"
     assert backend.rank_config.dram_bytes == 32 * MIB
@@ -102,6 +146,7 @@ def test_factory_builds_backend_from_the_launcher_rendered_extra_config() -> Non
 )
 def test_set_wipe_get_restores_every_byte(kind: str, layout: str) -> None:
     backend, host, client = make_backend(kind, layout)
+    assert "UMBPClient" in type(client).__name__  # mori's own client, opened by the config
     n = 9
     idx = host.alloc(n * E.PAGE)
     E.fill_random(host, seed=3)
@@ -113,7 +158,8 @@ def test_set_wipe_get_restores_every_byte(kind: str, layout: str) -> None:
     assert backend.batch_get_v1(keys, idx) == [True] * n
     assert E.page_bytes(host, idx) == before
     parts = 1 if kind == "mla" else 2
-    assert len(client.keys()) == n * parts
+    umbp_keys = backend.stores[0].keys.batch_keys(keys)
+    assert len(umbp_keys) == n * parts and all(present(client, umbp_keys))
 
 
 @pytest.mark.parametrize("kind", ["mha", "mla"])
@@ -139,7 +185,7 @@ def test_partial_prefix_hits_and_consecutive_exists(kind: str) -> None:
 
 
 def test_empty_batches_touch_nothing() -> None:
-    backend, _host, client = make_backend()
+    backend, _host, client = make_backend(spy=True)
     calls = sum(client.calls.values())
     empty = torch.empty(0, dtype=torch.int64)
     assert backend.batch_set_v1([], empty) == []
@@ -173,42 +219,65 @@ def test_split_heads_writes_the_head_groups_of_the_lcm_layout() -> None:
         should_split_heads=True, extra_config=extra,
     )
     assert backend.split_factor == 2
+    head_keys = {(s.keys.tp_size, s.keys.rank) for s in backend.stores}
+    assert head_keys == {(4, 2), (4, 3)}
     n = 3
     idx = host.alloc(n * E.PAGE)
     E.fill_random(host, seed=11)
     before = E.page_bytes(host, idx)
     keys = hashes(n, seed=4)
     assert backend.batch_set_v1(keys, idx) == [True] * n
-    stored = client.keys()
-    fields = {(f.tp_size, f.rank, f.part) for f in map(parse_key, stored)}
-    assert fields == {(4, r, p) for r in (2, 3) for p in ("k", "v")}
+    for store in backend.stores:  # every head group's K and V is in mori
+        written = store.keys.batch_keys(keys)
+        assert all(present(client, written))
+        assert {(f.tp_size, f.rank, f.part) for f in map(parse_key, written)} == {
+            (4, store.keys.rank, p) for p in ("k", "v")}
+    unsplit = KeyScheme("ns/app", E.MODEL_NAME, 2, 1, MHA_PARTS, page_format=backend.page_format)
+    assert not any(present(client, unsplit.batch_keys(keys)))  # nothing under tp2/r1
     E.wipe(host)
     assert backend.batch_exists(keys) == n
     assert backend.batch_get_v1(keys, idx) == [True] * n
     assert E.page_bytes(host, idx) == before
 
 
-def test_keys_carry_model_and_tp_layout_and_mla_is_shared_across_ranks() -> None:
+def test_keys_carry_model_and_tp_layout() -> None:
     mha, host, client = make_backend("mha", tp_rank=1, tp_size=2)
     idx = host.alloc(E.PAGE)
-    mha.batch_set_v1(hashes(1), idx)
-    stored = client.keys()
+    page = hashes(1)
+    assert mha.batch_set_v1(page, idx) == [True]
+    (store,) = mha.stores
+    written = store.keys.batch_keys(page)
+    assert all(present(client, written))
     assert {(f.namespace, f.model_id, f.tp_size, f.rank, f.part)
-            for f in map(parse_key, stored)} == {
+            for f in map(parse_key, written)} == {
         ("ns/app", E.MODEL_NAME, 2, 1, "k"), ("ns/app", E.MODEL_NAME, 2, 1, "v")
     }
-    shared = MemoryUMBPClient(64 * MIB)
-    writer, h0, _ = make_backend("mla", client=shared, tp_rank=0, tp_size=2)
-    reader, h1, _ = make_backend("mla", client=shared, tp_rank=1, tp_size=2)
-    assert not reader.is_writer
+
+
+def test_mla_ranks_share_pages_through_the_standalone_sidecar(
+    standalone_servers: StandaloneServers,
+) -> None:
+    """Two MLA ranks of one pod share nothing but what production shares: the umbp-dram
+    sidecar (a real ``umbp_standalone_server``). Each has its own host pool (our allocator's
+    mori-shm memory, registered with the server) and its own client; rank 0 writes, rank 1
+    acknowledges without writing and reads rank 0's page byte-exact."""
+    extra = standalone_extra(standalone_servers)
+    writer, h0, c0 = make_backend("mla", extra=extra, hook_allocator=True, tp_rank=0, tp_size=2)
+    reader, h1, c1 = make_backend("mla", extra=extra, hook_allocator=True, tp_rank=1, tp_size=2)
+    assert not reader.is_writer and c0 is not c1
     i0, i1 = h0.alloc(E.PAGE), h1.alloc(E.PAGE)
-    E.fill_random(h0, seed=1)
+    E.fill_pages(h0, i0, seed=1)
     keys = hashes(1, seed=8)
+    umbp_keys = writer.stores[0].keys.batch_keys(keys)
+    assert umbp_keys == reader.stores[0].keys.batch_keys(keys)  # MLA pages: one key per page
     assert reader.batch_set_v1(keys, i1) == [True]  # a follower acknowledges, writes nothing
-    assert shared.keys() == []
+    assert present(c1, umbp_keys) == [False]
     assert writer.batch_set_v1(keys, i0) == [True]
+    assert present(c1, umbp_keys) == [True]
     assert reader.batch_get_v1(keys, i1) == [True]
     assert E.page_bytes(h1, i1) == E.page_bytes(h0, i0)
+    writer.close()
+    reader.close()
 
 
 def test_config_errors_are_specific() -> None:
@@ -247,7 +316,7 @@ def test_sglang_dp_rank_selects_the_per_rank_values(monkeypatch: pytest.MonkeyPa
 @pytest.mark.parametrize("fault", ["raise", "false", "none", "partial"])
 @pytest.mark.parametrize("method", ["batch_put_from_ptr", "batch_get_into_ptr"])
 def test_client_faults_become_false_pages_never_exceptions(method: str, fault: str) -> None:
-    backend, host, client = make_backend("mha")
+    backend, host, client = make_backend("mha", spy=True)
     n = 6
     idx = host.alloc(n * E.PAGE)
     E.fill_random(host, seed=13)
@@ -255,7 +324,7 @@ def test_client_faults_become_false_pages_never_exceptions(method: str, fault: s
     keys = hashes(n, seed=6)
     if method == "batch_get_into_ptr":
         assert backend.batch_set_v1(keys, idx) == [True] * n
-    client.inject(method, fault)  # type: ignore[arg-type]
+    client.inject(method, fault)
     call = backend.batch_set_v1 if method == "batch_put_from_ptr" else backend.batch_get_v1
     got = call(keys, idx)
     assert isinstance(got, list) and len(got) == n
@@ -268,12 +337,12 @@ def test_client_faults_become_false_pages_never_exceptions(method: str, fault: s
 
 
 def test_exists_fault_reports_zero() -> None:
-    backend, host, client = make_backend()
+    backend, host, client = make_backend(spy=True)
     idx = host.alloc(2 * E.PAGE)
     keys = hashes(2)
     backend.batch_set_v1(keys, idx)
     for fault in ("raise", "none", "false"):
-        client.inject("batch_exists_consecutive", fault)  # type: ignore[arg-type]
+        client.inject("batch_exists_consecutive", fault)
         assert backend.batch_exists(keys) == 0
     assert backend.batch_exists(keys) == 2
 
@@ -295,59 +364,6 @@ def test_get_stats_returns_storage_metrics_with_umbp_counters() -> None:
     assert stats.umbp["pages_get"] == 4 and stats.umbp["get_misses"] == 1
     again = backend.get_stats()
     assert again.backup_pgs == [] and again.umbp["pages_set"] == 4
-
-
-@pytest.mark.parametrize(
-    ("kind", "layout", "over"),
-    [("mha", "page_first", {}), ("mha", "page_first_direct", {}), ("mla", "page_first", {}),
-     ("mla", "page_first_direct", {}),
-     ("mha", "page_head", {"tp_rank": 1, "tp_size": 2, "tp_lcm_size": 4,
-                           "should_split_heads": True})],
-)
-def test_pointer_plan_equals_sglangs_page_meta(kind: str, layout: str, over: Any) -> None:
-    backend, host, _ = make_backend(kind, layout, **over)
-    assert backend._plan is not None
-    rng = random.Random(1)
-    pages = rng.sample(range(host.size // E.PAGE), 12)
-    idx = torch.cat([torch.arange(p * E.PAGE, (p + 1) * E.PAGE) for p in pages])
-    ptrs, sizes = backend._meta(idx)
-    flat = [pair for page in backend.page_pointers(idx, len(pages)) for pair in page]
-    assert flat == list(zip(ptrs, sizes, strict=True))
-
-
-def test_pool_without_linear_pointers_falls_back_to_sglangs_meta() -> None:
-    from sglang.srt.mem_cache.storage import StorageBackendFactory
-
-    host = E.host_pool(E.mha_device_pool())
-    real_meta = host.get_page_buffer_meta
-    calls: list[int] = []
-
-    def scrambled(indices: torch.Tensor) -> tuple[list[int], list[int]]:
-        # Neighbouring pages swapped (0<->1, 2<->3, ...): not affine in the page start.
-        calls.append(len(indices))
-        n_pages = host.size // E.PAGE
-        starts = []
-        for i in indices[:: E.PAGE]:
-            page = int(i) // E.PAGE
-            swapped = page ^ 1 if page ^ 1 < n_pages else page
-            starts.append(torch.arange(swapped * E.PAGE, (swapped + 1) * E.PAGE))
-        return real_meta(torch.cat(starts))
-
-    host.get_page_buffer_meta = scrambled
-    client = MemoryUMBPClient(64 * MIB)
-    with use_client_opener(lambda rank_config: client):
-        backend = StorageBackendFactory.create_backend("dynamic", storage_config(base_extra()),
-                                                       host)
-    backend.register_mem_pool_host(host)
-    assert backend._plan is None
-    idx = host.alloc(3 * E.PAGE)
-    E.fill_random(host, seed=21)
-    keys = hashes(3, seed=21)
-    n_calls = len(calls)
-    assert backend.batch_set_v1(keys, idx) == [True] * 3
-    assert len(calls) == n_calls + 1
-    E.wipe(host)
-    assert backend.batch_get_v1(keys, idx) == [True] * 3
 
 
 def test_hybrid_sidecar_pools_are_refused_at_attach() -> None:

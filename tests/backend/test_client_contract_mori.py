@@ -7,6 +7,7 @@ PID under the trixie loader and always killed at teardown. Nothing is faked.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +36,18 @@ SubjectBuilder = Callable[[Path, StandaloneServers], Subject]
 
 def _embedded_dram(tmp: Path, servers: StandaloneServers) -> Subject:
     return Subject("embedded-dram", lambda n: make_embedded_dram_client(n * VALUE), VALUE)
+
+
+def _faulty_embedded_dram(tmp: Path, servers: StandaloneServers) -> Subject:
+    """The real DRAM client inside support.faults.FaultyClient with no fault injected: the
+    wrapper the sglang tier injects faults with changes nothing else."""
+    from support.faults import FaultyClient
+
+    def open_(n: int) -> OpenedClient:
+        opened = make_embedded_dram_client(n * VALUE)
+        return dataclasses.replace(opened, client=FaultyClient(opened.client))
+
+    return Subject("faulty-embedded-dram", open_, VALUE)
 
 
 def _embedded_ssd(tmp: Path, servers: StandaloneServers) -> Subject:
@@ -81,6 +94,7 @@ def _standalone(medium: str) -> SubjectBuilder:
 
 BUILDERS: dict[str, SubjectBuilder] = {
     "embedded-dram": _embedded_dram,
+    "faulty-embedded-dram": _faulty_embedded_dram,
     "embedded-ssd": _embedded_ssd,
     "standalone-dram": _standalone("dram"),
     "standalone-ssd": _standalone("ssd"),

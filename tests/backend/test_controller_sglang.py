@@ -1,12 +1,24 @@
-"""SGLang's real HiCacheController drives backup and prefetch through the UMBP backend.
+"""SGLang's scheduler stack (``HybridCacheController``) backs up and prefetches through the UMBP
+backend over the REAL amd-mori 1.2.4, in every L3 mode the planner renders.
 
-Real: the published SGLang server config (ServerArgs resolution for a tiny local model config,
-no weights), HiCacheController with its prefetch / prefetch-io / sync / backup threads,
-StorageBackendFactory loading the backend from the extra-config, MHA and MLA device and host
-pools on CPU, SGLang's page-hash chain. The test plays the scheduler's part between the hit
-query and the transfer (allocating host pages), exactly as UnifiedRadixCache does. Faked: the
-UMBP client is the in-process double (no mori wheel for Python 3.11; the ``mori`` tier
-validates it against the real client), used for fault injection.
+Real: the published server args (ServerArgs resolution for a tiny local model config, no
+weights; ``--hicache-size`` 1 GB, page_first with the kernel I/O backend or page_first_direct
+with direct), SGLang's plugin loading (our host-allocator hook: the host pool is our
+allocator's memory, mori-shm-backed in standalone mode), the stack SGLang's assembler builds
+(``_PlainKvStrategy``: ``build_kv_host_pool``, ``HostPoolGroup``, ``HybridCacheController`` with
+v2 registration and layout leases) and its prefetch / prefetch-io / sync / backup threads,
+``StorageBackendFactory`` loading our backend from the extra-config, MHA and MLA device and
+host pools on CPU, SGLang's page-hash chain, and under the adapter mori's clients as the
+configuration opens them: embedded DRAM, the embedded SSD node, DRAM in front of SSD, and real
+``umbp_standalone_server`` processes (DRAM, SSD) started and killed by PID.
+
+Played by the test: the scheduler's part between the controller's threads (what
+``UnifiedRadixCache`` does: submit the prefetch, allocate host pages for the hit, hand the
+operation to the io thread, drain the acks; :mod:`.sglang_stack`). ``prefetch_threshold`` is one
+page (an SGLang extra-config key; its default of 256 tokens would make SGLang decline these
+small test prefetches). The fault test wraps the real client in
+:class:`support.faults.FaultyClient` to inject client failures; everything below the injected
+fault is mori.
 """
 
 from __future__ import annotations
@@ -17,44 +29,61 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hicache_umbp.mori_env import standalone_server_env
 from hicache_umbp.sglang_adapter import UMBPHiCacheStorage, dynamic_extra_config, use_client_opener
-from support.memory_client import MemoryUMBPClient
+from support.faults import FaultyClient, real_client_opener
 
 from . import sglang_env as E
+from . import sglang_stack as S
+from .conftest import StandaloneServers
 
 pytestmark = pytest.mark.sglang
 
 MIB = 1 << 20
-EXTRA = dynamic_extra_config(umbp_dram_bytes=64 * MIB, umbp_namespace="ns/ctrl",
-                             host_hugepage_bytes=0)
+SLOT = 64 * 1024  # the umbp-ssd sidecar's staging slot: >= the test pages' parts (1.5-2.3 KiB)
+L3_MODES = ("embedded-dram", "embedded-ssd", "embedded-dram+ssd", "standalone-dram",
+            "standalone-dram+ssd")
+
+
+def l3_settings(mode: str, workdir: Path, servers: StandaloneServers) -> dict[str, Any]:
+    """The backend's extra-config for one L3 mode; standalone modes start the sidecars (one
+    ``umbp_standalone_server`` per medium, sockets ``<dir>/<medium>.sock``) as the pod runs
+    them."""
+    where, media = mode.split("-")
+    ssd = "ssd" in media
+    if where == "standalone":
+        servers.start("dram", standalone_server_env("dram", capacity_bytes=64 * MIB), "dram")
+        if ssd:
+            servers.start("ssd", standalone_server_env(
+                "ssd", capacity_bytes=256 * MIB, ssd_dir=str(workdir / "sidecar-ssd"),
+                value_bytes=SLOT), "ssd")
+        return dict(umbp_mode="standalone", umbp_socket_dir=str(servers.workdir),
+                    umbp_standalone_wait_s=30, umbp_ssd_enabled=ssd, umbp_ssd_slot_bytes=SLOT)
+    settings: dict[str, Any] = dict(umbp_dram_bytes=64 * MIB if "dram" in media else 0)
+    if ssd:
+        settings.update(umbp_ssd_enabled=True, umbp_ssd_dir=str(workdir / "ssd"),
+                        umbp_ssd_bytes=256 * MIB, umbp_tier_queue_bytes=4 * MIB)
+    return settings
+
+
+def extra(**settings: Any) -> dict[str, Any]:
+    return dynamic_extra_config(umbp_namespace="ns/ctrl", host_hugepage_bytes=0,
+                                host_prefault=False, prefetch_threshold=E.PAGE, **settings)
 
 
 @pytest.fixture(scope="module")
-def published(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The process state of a scheduler started by ``python -m hicache_umbp.serve``."""
-    from hicache_umbp import sglang_hook
-
-    model = E.tiny_model_dir(tmp_path_factory.mktemp("model"))
-    E.publish_scheduler(model, EXTRA)
-    sglang_hook.install()
-    return model
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return E.tiny_model_dir(tmp_path_factory.mktemp("model"))
 
 
 @pytest.fixture
-def rig(request: pytest.FixtureRequest, published: Path) -> Iterator[tuple[Any, Any, Any]]:
-    kind = getattr(request, "param", "mha")
-    client = MemoryUMBPClient(64 * MIB)
-    from hicache_umbp.sglang_hook import UMBPHostTensorAllocator
-    from sglang.srt.mem_cache.pool_host.common import get_allocator_type
-
-    dev = E.mla_device_pool() if kind == "mla" else E.mha_device_pool()
-    # The allocator type SGLang's pool assembler asks for under this published config.
-    host = E.host_pool(dev, allocator_type=get_allocator_type())
-    assert isinstance(host.allocator, UMBPHostTensorAllocator)
-    with use_client_opener(lambda rank_config: client):
-        ctrl = E.controller(dev, host, EXTRA)
-    yield ctrl, host, client
-    ctrl.detach_storage_backend()
+def stacks() -> Iterator[list[S.Stack]]:
+    built: list[S.Stack] = []
+    try:
+        yield built
+    finally:
+        for stack in built:
+            stack.close()
 
 
 def tokens(n_pages: int, seed: int) -> list[int]:
@@ -62,89 +91,143 @@ def tokens(n_pages: int, seed: int) -> list[int]:
     return [rng.randrange(256) for _ in range(n_pages * E.PAGE)]
 
 
-def threads_alive(ctrl: Any) -> bool:
-    return all(
-        t.is_alive()
-        for t in (ctrl.prefetch_thread, ctrl.prefetch_io_aux_thread,
-                  ctrl.prefetch_sync_thread, ctrl.backup_thread)
-    )
+def backed_up_pages(stack: S.Stack, n_pages: int, seed: int) -> tuple[list[int], Any, list[bytes]]:
+    """Pages of random bytes in the host pool, backed up through the controller."""
+    toks = tokens(n_pages, seed)
+    idx = stack.host.alloc(len(toks))
+    E.fill_pages(stack.host, idx, seed)
+    want = E.page_bytes(stack.host, idx)
+    assert S.backup(stack.ctrl, idx, toks) == len(toks)
+    stack.host.free(idx)
+    E.wipe_pages(stack.host, idx)
+    return toks, idx, want
 
 
-@pytest.mark.parametrize("rig", ["mha", "mla"], indirect=True)
-def test_backup_then_prefetch_round_trips_byte_exact(rig: tuple[Any, Any, Any]) -> None:
-    ctrl, host, _client = rig
-    assert isinstance(ctrl.storage_backend, UMBPHiCacheStorage)
-    assert ctrl.page_get_func == ctrl._page_get_zero_copy  # interface_v1 took effect
-    toks = tokens(7, seed=1)
-    hashes = E.page_hashes(toks)
-    assert all(len(h) == 64 for h in hashes)
-    idx = host.alloc(len(toks))
-    E.fill_random(host, seed=2)
-    before = E.page_bytes(host, idx)
-    assert E.backup(ctrl, idx, toks, hashes) == len(toks)
-    host.free(idx)
-    E.wipe(host)
-    fetched, new_idx, op = E.prefetch(ctrl, "req-1", toks)
-    assert fetched == len(toks)
-    assert op.hash_value == hashes
-    assert E.page_bytes(host, new_idx) == before
-    assert threads_alive(ctrl)
+@pytest.mark.parametrize("kind", ["mha", "mla"])
+@pytest.mark.parametrize("mode", L3_MODES)
+def test_backup_then_prefetch_round_trips_byte_exact(
+    model: Path, tmp_path: Path, standalone_servers: StandaloneServers,
+    stacks: list[S.Stack], mode: str, kind: str,
+) -> None:
+    cfg = extra(**l3_settings(mode, tmp_path, standalone_servers))
+    stack = S.scheduler_stack(model, kind, cfg)
+    stacks.append(stack)
+    backend = stack.backend
+    assert isinstance(backend, UMBPHiCacheStorage)
+    assert stack.ctrl.page_get_func == stack.ctrl._page_get_zero_copy  # interface_v1 took effect
+    from sglang.srt.mem_cache.hicache_storage import PoolName
+
+    assert backend.registered_pools[PoolName.KV] is stack.host  # v2 registration of the group
+    assert stack.host.size == (E.HICACHE_SIZE_GB * 10**9 // stack.host.size_per_token
+                               // E.PAGE + 1) * E.PAGE  # sized by --hicache-size
+    from hicache_umbp.sglang_hook import UMBPHostTensorAllocator
+
+    assert isinstance(stack.host.allocator, UMBPHostTensorAllocator)
+    n = 20  # > 16: an SSD batch to the node or a sidecar is split by its staging slots
+    toks, _, want = backed_up_pages(stack, n, seed=1)
+    assert backend.flush()
+    got = S.prefetch(stack.ctrl, "req-1", toks)
+    assert (got.hit_tokens, got.tokens) == (len(toks), len(toks))
+    assert got.operation.hash_value == S.page_hashes(toks, E.PAGE)
+    assert E.page_bytes(stack.host, got.host_indices) == want
+    stats = backend.umbp_stats()
+    assert (stats["pages_set"], stats["pages_get"], stats["errors"]) == (n, n, {})
+    if "ssd" in mode:  # the pages reached the SSD tier's files (write-back drained by flush)
+        ssd_dir = tmp_path / ("sidecar-ssd" if mode.startswith("standalone") else "ssd")
+        assert segment_bytes(ssd_dir) >= n * sum(backend._plan.sizes)
+    assert S.threads_alive(stack.ctrl)
 
 
-def test_prefetch_stops_at_the_first_missing_page(rig: tuple[Any, Any, Any]) -> None:
-    ctrl, host, _ = rig
+def segment_bytes(root: Path) -> int:
+    return sum(f.stat().st_size for f in root.rglob("segment_*") if f.is_file())
+
+
+@pytest.mark.parametrize("kind", ["mha", "mla"])
+def test_page_first_direct_round_trips_byte_exact(
+    model: Path, stacks: list[S.Stack], kind: str
+) -> None:
+    stack = S.scheduler_stack(model, kind, extra(umbp_dram_bytes=64 * MIB),
+                              layout="page_first_direct")
+    stacks.append(stack)
+    assert stack.host.layout == "page_first_direct"
+    assert stack.ctrl.io_backend == "direct"
+    toks, _, want = backed_up_pages(stack, 5, seed=7)
+    got = S.prefetch(stack.ctrl, "req-direct", toks)
+    assert got.tokens == len(toks)
+    assert E.page_bytes(stack.host, got.host_indices) == want
+
+
+def test_prefetch_stops_at_the_first_missing_page(model: Path, stacks: list[S.Stack]) -> None:
+    stack = S.scheduler_stack(model, "mha", extra(umbp_dram_bytes=64 * MIB))
+    stacks.append(stack)
     toks = tokens(6, seed=3)
-    hashes = E.page_hashes(toks)
-    idx = host.alloc(3 * E.PAGE)
-    E.fill_random(host, seed=4)
-    before = E.page_bytes(host, idx)
-    assert E.backup(ctrl, idx, toks[: 3 * E.PAGE], hashes[:3]) == 3 * E.PAGE
-    host.free(idx)
-    E.wipe(host)
-    fetched, new_idx, op = E.prefetch(ctrl, "req-2", toks)
-    assert fetched == 3 * E.PAGE
-    assert op.hash_value == hashes[:3]
-    assert E.page_bytes(host, new_idx) == before
-    miss, none_idx, _ = E.prefetch(ctrl, "req-3", tokens(2, seed=99))
-    assert (miss, none_idx) == (0, None)
+    hashes = S.page_hashes(toks, E.PAGE)
+    idx = stack.host.alloc(3 * E.PAGE)
+    E.fill_pages(stack.host, idx, seed=4)
+    want = E.page_bytes(stack.host, idx)
+    assert S.backup(stack.ctrl, idx, toks[: 3 * E.PAGE], hashes[:3]) == 3 * E.PAGE
+    stack.host.free(idx)
+    E.wipe_pages(stack.host, idx)
+    got = S.prefetch(stack.ctrl, "req-2", toks)
+    assert (got.hit_tokens, got.tokens) == (3 * E.PAGE, 3 * E.PAGE)
+    assert got.operation.hash_value == hashes[:3]
+    assert E.page_bytes(stack.host, got.host_indices) == want
+    miss = S.prefetch(stack.ctrl, "req-3", tokens(2, seed=99))
+    assert (miss.hit_tokens, miss.tokens, miss.host_indices) == (0, 0, None)
+
+
+def test_a_new_engine_reads_what_the_last_one_backed_up_through_the_sidecar(
+    model: Path, tmp_path: Path, standalone_servers: StandaloneServers, stacks: list[S.Stack],
+) -> None:
+    """Two schedulers one after the other (an engine restart) share only what production shares:
+    the ``umbp_standalone_server`` sidecar. Each has its own controller, host pool and client."""
+    cfg = extra(**l3_settings("standalone-dram", tmp_path, standalone_servers))
+    first = S.scheduler_stack(model, "mla", cfg)
+    toks, _, want = backed_up_pages(first, 4, seed=11)
+    first.close()
+    second = S.scheduler_stack(model, "mla", cfg)
+    stacks.append(second)
+    assert second.host.kv_buffer.data_ptr() != first.host.kv_buffer.data_ptr()
+    got = S.prefetch(second.ctrl, "req-after-restart", toks)
+    assert got.tokens == len(toks)
+    assert E.page_bytes(second.host, got.host_indices) == want
 
 
 @pytest.mark.parametrize("fault", ["raise", "false", "none", "partial"])
 def test_faults_mid_batch_leave_threads_alive_and_data_intact(
-    rig: tuple[Any, Any, Any], fault: str
+    model: Path, stacks: list[S.Stack], fault: str
 ) -> None:
-    ctrl, host, client = rig
-    good = tokens(4, seed=5)
-    good_hashes = E.page_hashes(good)
-    idx = host.alloc(len(good))
-    E.fill_random(host, seed=6)
-    good_bytes = E.page_bytes(host, idx)
-    assert E.backup(ctrl, idx, good, good_hashes) == len(good)
+    made: list[FaultyClient] = []
+    with use_client_opener(real_client_opener(made)):
+        stack = S.scheduler_stack(model, "mha", extra(umbp_dram_bytes=64 * MIB))
+    stacks.append(stack)
+    (client,) = made
+    ctrl, host = stack.ctrl, stack.host
+    good, _, good_bytes = backed_up_pages(stack, 4, seed=5)
 
     # A failing backup: the controller records no completed tokens for the failed batch.
     bad = tokens(4, seed=7)
     bad_idx = host.alloc(len(bad))
-    client.inject("batch_put_from_ptr", fault)  # type: ignore[arg-type]
-    assert E.backup(ctrl, bad_idx, bad, E.page_hashes(bad)) == 0
+    client.inject("batch_put_from_ptr", fault)
+    assert S.backup(ctrl, bad_idx, bad) == 0
     # A failing prefetch of stored pages: zero (or a prefix for "partial") pages, no crash.
-    client.inject("batch_get_into_ptr", fault)  # type: ignore[arg-type]
-    E.wipe(host)
-    fetched, f_idx, _ = E.prefetch(ctrl, "req-fault", good)
-    assert fetched < len(good)
-    if f_idx is not None:
-        host.free(f_idx)
-    client.inject("batch_exists_consecutive", fault)  # type: ignore[arg-type]
-    missed, _, _ = E.prefetch(ctrl, "req-exists-fault", good)
-    assert missed == 0 or fault == "partial"
-    assert threads_alive(ctrl)
+    client.inject("batch_get_into_ptr", fault)
+    fetched = S.prefetch(ctrl, "req-fault", good)
+    assert fetched.tokens < len(good)
+    if fetched.host_indices is not None:
+        host.free(fetched.host_indices)
+    client.inject("batch_exists_consecutive", fault)
+    missed = S.prefetch(ctrl, "req-exists-fault", good)
+    assert missed.hit_tokens == 0 or fault == "partial"
+    if missed.host_indices is not None:
+        host.free(missed.host_indices)
+    assert S.threads_alive(ctrl)
 
     # The same threads keep serving; the stored pages were not corrupted by the faults.
-    host.free(idx)
     host.free(bad_idx)
-    E.wipe(host)
-    fetched, new_idx, _ = E.prefetch(ctrl, "req-after", good)
-    assert fetched == len(good)
-    assert E.page_bytes(host, new_idx) == good_bytes
-    assert threads_alive(ctrl)
-    errors = ctrl.storage_backend.umbp_stats()["errors"]
-    assert errors, "the faults were counted"
+    after = S.prefetch(ctrl, "req-after", good)
+    assert after.tokens == len(good)
+    assert E.page_bytes(host, after.host_indices) == good_bytes
+    assert S.threads_alive(ctrl)
+    assert stack.backend.umbp_stats()["errors"], "the faults were counted"
+    assert client.calls["batch_put_from_ptr"] >= 2

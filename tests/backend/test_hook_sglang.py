@@ -3,9 +3,9 @@
 Real: SGLang 0.5.23's plugin HookRegistry, get_allocator_from_storage / get_allocator_type,
 the published server config, MHATokenToKVPoolHost and MLATokenToKVPoolHost built through their
 constructors, multiprocessing spawn (as SGLang's engine uses it), the kernel's view of the
-buffer (/proc/self/smaps), our config parsing and the core allocator (its mmap path: mori is
-not installable in this Python 3.11 venv). Nothing is faked except the model (a tiny local
-config.json, no weights).
+buffer (/proc/self/smaps), our config parsing and the core allocator on mori's
+``UMBPHostMemAllocator`` (mori and SGLang share the engine environment's Python). Nothing is
+faked except the model (a tiny local config.json, no weights).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""The launcher's command line against real SGLang 0.5.23 (CPU venv, ``make test-sglang``).
+"""The launcher's command line against real SGLang 0.5.23 (engine env, ``make test-sglang``).
 
 Real: SGLang's own server-args parser (``prepare_server_args``), its ``StorageBackendFactory``
 importing ``hicache_umbp.sglang_adapter`` from the rendered extra-config, and the adapter's
-config resolution. Faked: the node (a fake sysfs tree) and the UMBP client under the adapter
-(the in-process double :class:`support.memory_client.MemoryUMBPClient`, validated against
-real mori by the ``mori`` tier), because mori has no wheel for this venv's Python 3.11.
+config resolution, with the real amd-mori 1.2.4 importable in the same Python (no client opens
+before SGLang registers a host pool, which these tests do not build). Faked: the node (a fake
+sysfs tree).
 """
 
 from __future__ import annotations
@@ -14,13 +14,11 @@ from typing import Any
 
 import pytest
 from hicache_umbp import sglang_adapter
-from hicache_umbp.config import RankConfig
 from hicache_umbp.launch import NodeRoot, plan_launch
 from hicache_umbp.launch import command as launch_command
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 from sglang.srt.server_args import prepare_server_args
-from support.memory_client import MemoryUMBPClient
 
 from .conftest import io_uring_ok, launch_env
 from .fakenode import GIB, FakeNode
@@ -67,21 +65,15 @@ def test_dp_attention_and_ratio_parse(mi355x: FakeNode) -> None:
 def test_extra_config_builds_our_backend_through_the_factory(mi355x: FakeNode) -> None:
     args, _ = _server_args(mi355x)
     extra = json.loads(args.hicache_storage_backend_extra_config)
-    opened: list[RankConfig] = []
-
-    def opener(rank: RankConfig) -> MemoryUMBPClient:
-        opened.append(rank)
-        return MemoryUMBPClient(rank.dram_bytes)
-
     storage_config = HiCacheStorageConfig(
         tp_rank=5, tp_size=8, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
         is_mla_model=True, enable_storage_metrics=False, is_page_first_layout=True,
         model_name=args.model_path, extra_config=extra)
-    with sglang_adapter.use_client_opener(opener):
-        backend = StorageBackendFactory.create_backend("dynamic", storage_config, None)
+    backend = StorageBackendFactory.create_backend("dynamic", storage_config, None)
     assert type(backend).__name__ == "UMBPHiCacheStorage"
     assert backend.interface_v1 is True
-    assert opened == []  # the client opens when SGLang registers the host pool
+    # mori's client (64 GiB of DRAM for this rank) opens when SGLang registers the host pool.
+    assert backend.stores == [] and backend.mem_pool_host is None
     rank = backend.rank_config
     assert rank.local_rank == 5
     assert (rank.host_numa, rank.dram_numa, rank.dram_bytes) == (1, 1, 64 * GIB)
