@@ -175,3 +175,14 @@ def test_format_bytes_round_trips() -> None:
         assert parse_bytes(format_bytes(n)) == n
     assert format_bytes(200 * 2**30) == "200Gi"
     assert Fraction(parse_bytes("2.5Gi")) == Fraction(5 * 2**29)
+
+
+@pytest.mark.parametrize("example,says", [
+    ("llama-3.1-70b-mi355x.yaml", "engine restart: kept"),  # standalone sidecars
+    ("llama-3.1-405b-mi355x.yaml", "engine restart: lost"),  # embedded DRAM + SSD
+])
+def test_plan_summary_says_what_survives_a_restart(
+        example: str, says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "-f", str(ROOT / "examples" / example), "-o", "summary"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("Warm L3"))
+    assert says in line and "reschedule: lost" in line, line

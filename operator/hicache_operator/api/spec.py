@@ -258,8 +258,9 @@ class ClaimTemplate(ApiModel):
     delete_with_resource: bool = Field(
         default=False,
         description="Delete the per-pod SSD PVCs when the SGLangHiCache is deleted. By default "
-        "they are kept (a warm SSD cache survives a re-create); they are always kept on "
-        "scale-down.",
+        "they are kept, with their data and binding (their pages are not served again: mori "
+        "1.2.4's SSD tier discards the segment files it finds when it starts); they are always "
+        "kept on scale-down.",
     )
 
 

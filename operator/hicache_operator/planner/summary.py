@@ -84,6 +84,7 @@ def render_summary(p: Plan) -> str:
         add("Standalone UMBP sidecars (native sidecars, survive engine restarts):")
         for line in sidecar_lines(p):
             add(f"  {line}")
+    add(f"Warm L3 cache (mori 1.2.4): {warm_cache(p)}")
     add("")
     add("SGLang command (rendered by the launcher from this env; NUMA resolved in the pod):")
     add(f"  {shlex.join(p.engine.sglang_argv)}")
@@ -93,6 +94,18 @@ def render_summary(p: Plan) -> str:
         add(f"  - {w}")
     add("Objects: " + ", ".join(f"{o['kind']}/{o['metadata']['name']}" for o in p.objects))
     return "\n".join(out) + "\n"
+
+
+def warm_cache(p: Plan) -> str:
+    """What of the L3 cache survives an engine restart, a pod restart and a reschedule
+    (``hicache_umbp.persistence``, measured on mori 1.2.4: docs/operations.md)."""
+    from hicache_umbp.persistence import warm_cache_survival
+
+    dram = p.sizing.dram_total > 0
+    ssd = p.ssd.enabled
+    if p.spec.l3.mode == "embedded" and not (dram or ssd):
+        return "no L3 tier"
+    return warm_cache_survival(p.spec.l3.mode, dram=dram, ssd=ssd).summary()
 
 
 def sidecar_lines(p: Plan) -> list[str]:
