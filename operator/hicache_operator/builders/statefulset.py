@@ -238,8 +238,9 @@ def build_statefulset(b: BuildInput) -> dict[str, Any]:
         claim = dict(b.ssd.claim_template)
         claim["metadata"] = {**claim["metadata"], "labels": b.labels("cache")}
         sts_spec["volumeClaimTemplates"] = [claim]
-        # A warm SSD cache is worth keeping: PVCs survive a scale-down always, and the CR's
-        # deletion unless it opts in with claimTemplate.deleteWithResource.
+        # Deleting a user's volume is never implicit: PVCs (and their local-NVMe bindings)
+        # survive a scale-down always, and the CR's deletion unless it opts in with
+        # claimTemplate.deleteWithResource. (On mori 1.2.4 their pages are not served again.)
         template = spec.l3.ssd.volume.claim_template if spec.l3.ssd.volume else None
         delete = bool(template and template.delete_with_resource)
         sts_spec["persistentVolumeClaimRetentionPolicy"] = {
