@@ -67,7 +67,8 @@ def test_extra_config_builds_our_backend_through_the_factory(mi355x: FakeNode) -
     extra = json.loads(args.hicache_storage_backend_extra_config)
     storage_config = HiCacheStorageConfig(
         tp_rank=5, tp_size=8, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
-        is_mla_model=True, enable_storage_metrics=False, is_page_first_layout=True,
+        # MHA: an MLA model with TP 8 refuses an embedded store (test_adapter_mla_sglang.py)
+        is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True,
         model_name=args.model_path, extra_config=extra)
     backend = StorageBackendFactory.create_backend("dynamic", storage_config, None)
     assert type(backend).__name__ == "UMBPHiCacheStorage"

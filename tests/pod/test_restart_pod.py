@@ -45,3 +45,24 @@ def test_standalone_l3_serves_storage_hits_after_an_engine_restart(
         assert 'sglang:cached_tokens_total{cache_source="storage"' in metrics
         assert_operator_reads(30001, [warm])  # the restarted server counts from zero
         capture_metrics(metrics, "tp1-umbp-standalone-after-restart")
+
+
+@pytest.mark.timeout(1200)
+def test_embedded_l3_starts_cold_after_an_engine_restart(
+        node, image, workdir: Path, models_dir: Path) -> None:
+    """What the embedded SSD tier does with its directory on an engine restart: the emptyDir
+    (same pod) still holds the segment files, and mori 1.2.4's SSD node discards them when it
+    starts (docs/operations.md, "Warm cache across restarts"): no storage hit, said in the log."""
+    cr = load_cr("cpu/tiny-llama-embedded.yaml")
+    with running_pod(cr, node, image, workdir, models_dir) as (pod, c):
+        c.generate(PROMPT)
+        for text in fillers(4):
+            c.generate(text)
+        ssd_dir = pod.volume_host_path("umbp-ssd")
+        written = sum(f.stat().st_size for f in ssd_dir.rglob("segment_*"))
+        assert written > 0, "the write-back never reached the embedded SSD tier"
+        restart_engine(pod)
+        after = c.generate(PROMPT)
+        assert after["meta_info"]["cached_tokens"] == 0, after["meta_info"]
+        log = pod.container("engine").log_text(400000).rsplit("==== start", 1)[-1]
+        assert "discards" in log and "bytes of SSD cache from an earlier process" in log
