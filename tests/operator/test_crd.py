@@ -196,6 +196,23 @@ BAD_CRS = {
         "spec.model",
         "exactly one volume source",
     ),
+    "kv_bytes_with_auto_attention": (
+        lambda s: s["model"].update(attention="auto", kvBytesPerToken=70272),
+        "spec.model",
+        "kvBytesPerToken needs attention mha or mla",
+    ),
+    "kv_heads_with_mla": (
+        lambda s: s["model"].update(kvBytesPerToken=70272, kvHeads=8),
+        "spec.model",
+        "kvHeads applies to attention mha with kvBytesPerToken only",
+    ),
+    "kv_heads_without_kv_bytes": (
+        lambda s: (
+            s["model"].update(attention="mha", kvHeads=8), s["model"].pop("kvBytesPerToken", 0)
+        ),
+        "spec.model",
+        "kvHeads applies to attention mha with kvBytesPerToken only",
+    ),
     "layer_first": (
         lambda s: s["hiCache"].update(memLayout="layer_first"),
         "spec.hiCache",

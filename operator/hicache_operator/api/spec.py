@@ -24,6 +24,14 @@ from .types import (
 )
 
 MODEL_VOLUME_KINDS = tuple(str(f.alias) for f in ModelVolumeSource.model_fields.values())
+#: 16 MiB of KV cache per token: 30x Llama-3.1-405B in bf16 (516,096 B), so only a typo hits it.
+MAX_KV_BYTES_PER_TOKEN = 16 * 1024 * 1024
+KV_BYTES_NEEDS_ATTENTION = (
+    "kvBytesPerToken needs attention mha or mla: the page geometry differs (mha: K and V "
+    "parts of each rank's heads; mla: one latent part replicated on every rank), so auto "
+    "cannot size it"
+)
+KV_HEADS_NEEDS_MHA = "kvHeads applies to attention mha with kvBytesPerToken only"
 
 
 def _rules(*rules: tuple[str, str]) -> ConfigDict:
@@ -60,6 +68,15 @@ class ModelSource(ApiModel):
             + " == 1",
             "volume must hold exactly one volume source (" + ", ".join(MODEL_VOLUME_KINDS) + ")",
         ),
+        (
+            "!has(self.kvBytesPerToken) || (has(self.attention) && self.attention != 'auto')",
+            KV_BYTES_NEEDS_ATTENTION,
+        ),
+        (
+            "!has(self.kvHeads) || (has(self.kvBytesPerToken) && has(self.attention) && "
+            "self.attention == 'mha')",
+            KV_HEADS_NEEDS_MHA,
+        ),
     )
 
     path: str = Field(
@@ -90,6 +107,32 @@ class ModelSource(ApiModel):
         "at start). With mla and attention tensor parallelism > 1 the L3 tier must be one "
         "store per pod (l3.mode standalone), which the operator then checks at admission; "
         "with auto the engine refuses to start in that case.",
+    )
+    kv_bytes_per_token: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_KV_BYTES_PER_TOKEN,
+        description="KV cache bytes of one token for the whole model: every layer, every KV "
+        "head, in the KV cache dtype (SGLang --kv-cache-dtype; auto is the model dtype unless "
+        "the checkpoint quantizes the KV cache: bf16 2 B, fp8 1 B). mha: layers x KV heads x "
+        "head dim x dtype bytes x 2 (K and V), e.g. Llama-3.1-70B bf16 80 x 8 x 128 x 2 x 2 = "
+        "327680; mla: layers x (kv_lora_rank + qk_rope_head_dim) x dtype bytes, e.g. "
+        "DeepSeek-R1 bf16 61 x (512 + 64) x 2 = 70272. Needs attention mha or mla. With it "
+        "the operator knows the page part each rank's host pool registers (mha: pageSize x "
+        "kvBytesPerToken / 2 / attention-TP ranks, K and V parts; mla: pageSize x "
+        "kvBytesPerToken, one part replicated on every rank), sizes the L3 staging memory and "
+        "the umbp-ssd sidecar's slots from it and refuses a pageSize no L3 tier can hold; "
+        "without it staging is sized for 8 MiB page parts.",
+    )
+    kv_heads: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="mha only: the model's KV heads (num_key_value_heads). Needed when they "
+        "are fewer than the attention tensor-parallel ranks: SGLang then keeps one whole head "
+        "on every rank, so a page part is pageSize x kvBytesPerToken / 2 / kvHeads (e.g. "
+        "Qwen3-235B-A22B, 4 KV heads at TP 8); unset, the heads are taken to split evenly "
+        "over the attention-TP ranks.",
     )
 
 
@@ -351,8 +394,10 @@ class Tiering(ApiModel):
         default="1Gi",
         description="Write-back staging ring per rank: host memory (memfd/shm) the DRAM+SSD "
         "composition copies pages into before a background thread writes them to SSD. "
-        "Counted in the engine container's memory (ranks x queueSize); must hold at least "
-        "one page (page parts x 8 MiB slots).",
+        "Counted in the engine container's memory (ranks x queueSize, rounded down to whole "
+        "page parts when model.kvBytesPerToken is set); must hold at least "
+        "one whole page of a rank (with model.kvBytesPerToken its real size, else 2 x 8 MiB "
+        "page parts are assumed).",
     )
     promote_on_hit: bool = Field(default=True, description="Copy pages read from SSD into DRAM.")
 

@@ -18,6 +18,8 @@ from ..api.crd import MAX_NAME_LENGTH
 from ..api.spec import (
     BUILTIN_PREFAULT_THREADS_MESSAGE,
     BUILTIN_SSD_MESSAGE,
+    KV_BYTES_NEEDS_ATTENTION,
+    KV_HEADS_NEEDS_MHA,
     SGLangHiCacheSpec,
 )
 from ..api.types import API_VERSION, KIND
@@ -147,6 +149,13 @@ def _message(err: Any) -> str:
 
 def check_cross_field_rules(spec: SGLangHiCacheSpec, problems: Problems) -> None:
     """The rules the CRD states as CEL, with the same messages."""
+    model = spec.model
+    if model.kv_bytes_per_token is not None and model.attention == "auto":
+        problems.add("spec.model.kvBytesPerToken", KV_BYTES_NEEDS_ATTENTION)
+    if model.kv_heads is not None and (
+        model.kv_bytes_per_token is None or model.attention != "mha"
+    ):
+        problems.add("spec.model.kvHeads", KV_HEADS_NEEDS_MHA)
     hc = spec.hi_cache
     if (hc.host_pool_per_rank is None) == (hc.host_pool_ratio is None):
         problems.add("spec.hiCache", "set exactly one of hostPoolPerRank or hostPoolRatio")
