@@ -165,6 +165,22 @@ def test_booleans_are_not_quantities_or_cpus() -> None:
         assert _has(problems, path, "is a boolean"), (path, problems)
 
 
+def test_integers_and_booleans_are_what_the_crd_types_say() -> None:
+    """pydantic's lax mode would read "8" as 8 and 0 or "yes" as a boolean; the CRD's
+    integer and boolean types refuse them, and so does the planner (found by hypothesis)."""
+
+    def mutate(s: dict[str, Any]) -> None:
+        s["engine"] = {"tensorParallelSize": "1", "enableDpAttention": 0}
+        s["l3"]["dram"]["prefault"] = "yes"
+        s["model"]["kvBytesPerToken"] = "70272"
+
+    problems = _problems(_cr("minimal-dram-only.yaml", mutate))
+    assert _has(problems, "spec.engine.tensorParallelSize", "'1' is a string, not an integer")
+    assert _has(problems, "spec.model.kvBytesPerToken", "is a string, not an integer")
+    for path in ("spec.engine.enableDpAttention", "spec.l3.dram.prefault"):
+        assert _has(problems, path, "is not a boolean (true or false)"), (path, problems)
+
+
 def test_ratio_needs_4k_pages_and_explicit_memory() -> None:
     def ratio(s: dict[str, Any]) -> None:
         s["hiCache"] = {"hostPoolRatio": 2.0, "hostAllocator": {"hugePageSize": "none"}}

@@ -44,15 +44,23 @@ class ApiModel(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _no_booleans_for_integers(cls, value: Any, info: ValidationInfo) -> Any:
-        # pydantic's lax mode reads true/false as 1/0 (`replicas: true` would be one pod); the
-        # CRD's `type: integer` refuses them, and so does `plan -f`.
+        # pydantic's lax mode reads true/false as 1/0 (`replicas: true` would be one pod), "8"
+        # as 8 and 0/1/"yes" as booleans; the CRD's `type: integer` / `type: boolean` refuse
+        # them, and so does `plan -f` (what the planner accepts, the API server accepts).
         field = cls.model_fields.get(info.field_name or "")
-        if isinstance(value, bool) and field and field.annotation in _INTEGER_ANNOTATIONS:
-            raise ValueError(f"{value!r} is a boolean, not an integer")
+        if field and field.annotation in _INTEGER_ANNOTATIONS:
+            if isinstance(value, bool):
+                raise ValueError(f"{value!r} is a boolean, not an integer")
+            if isinstance(value, str):
+                raise ValueError(f"{value!r} is a string, not an integer")
+        if (field and field.annotation in _BOOLEAN_ANNOTATIONS and value is not None
+                and not isinstance(value, bool)):
+            raise ValueError(f"{value!r} is not a boolean (true or false)")
         return value
 
 
 _INTEGER_ANNOTATIONS: tuple[Any, ...] = (int, int | None)
+_BOOLEAN_ANNOTATIONS: tuple[Any, ...] = (bool, bool | None)
 
 
 def _reject_bool(value: Any) -> Any:
