@@ -9,7 +9,7 @@ EXAMPLE ?= examples/deepseek-r1-mi355x.yaml
 
 .PHONY: help venv demo test lint test-unit test-mori test-sglang test-pod test-e2e test-chart \
         engine-env chart-tools bench-l3 bench-host-pool bench-plan bench-sglang bench-backends \
-        bench-pod bench-reconcile render-chart crd clean
+        bench-pod bench-reconcile bench-sidecar-slots render-chart crd clean
 
 help:
 	@echo "make demo   - plan an example SGLangHiCache CR and show what the operator would create"
@@ -82,6 +82,9 @@ bench-pod: engine-env
 
 bench-reconcile: venv
 	$(PY) bench/reconcile.py
+
+bench-sidecar-slots: engine-env
+	$(ENGINE_PY) bench/sidecar_slots.py
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache
