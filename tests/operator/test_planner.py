@@ -55,10 +55,12 @@ def _configmap_env(objects: list[dict[str, Any]]) -> dict[str, str]:
 def test_tp8_embedded_sizing_by_hand() -> None:
     """llama-405b: 8 ranks x 200Gi on 2Mi pages = 1600Gi hugepages; memory = roundup(1.1 x
     (16 + 12 x 8)) = 123.2Gi + shm 32Gi + 4 KiB-backed UMBP DRAM 512Gi + write-back rings
-    8 x 1Gi + embedded SSD staging 8 x 16 x 8Mi = 1Gi = 676.2Gi -> 677Gi; cpu 4 + 8 x 8."""
+    8 x floor(1Gi / 2,064,384) x 2,064,384 B = 8 x 1,073,479,680 B (7.998Gi) + embedded SSD
+    staging 8 x 16 x 2,064,384 B = 264,241,152 B (0.246Gi) = 675.44Gi -> 676Gi (page part:
+    64 tokens x 516,096 B / 2 / 8 ranks); cpu 4 + 8 x 8."""
     p = plan(_cr("llama-3.1-405b-mi355x.yaml"), CONFIG)
     res = _engine(p.objects)["resources"]
-    expected = {"cpu": "68", "memory": "677Gi", "hugepages-2Mi": "1600Gi", "amd.com/gpu": "8"}
+    expected = {"cpu": "68", "memory": "676Gi", "hugepages-2Mi": "1600Gi", "amd.com/gpu": "8"}
     assert res["limits"] == expected
     assert res["requests"] == expected
     assert p.sizing.dram_per_rank == 64 * GI

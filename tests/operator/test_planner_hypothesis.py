@@ -11,6 +11,7 @@ from typing import Any
 
 from hicache_operator.api.config import AdminPolicy, OperatorConfig
 from hicache_operator.planner import SpecError, plan
+from hicache_umbp.build import page_size_problems
 from hicache_umbp.config import load_launch_config
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -57,6 +58,7 @@ def crs(draw: st.DrawFn) -> dict[str, Any]:
         "tensorParallelSize": p([1, 2, 4, 8], [16, 0]),
         "dataParallelSize": p([1, 1, 1, 2, 4], [8, 3]),
         "enableDpAttention": p([False], [True]),
+        "pageSize": p([1, 16, 64, 128, 1024, 4096], [0, 5000]),
         "extraArgs": draw(
             st.lists(
                 st.sampled_from(
@@ -112,8 +114,17 @@ def crs(draw: st.DrawFn) -> dict[str, Any]:
     if kind == "hostPath":
         volume["hostPath"] = {"path": p(["/mnt/nvme0"], ["/etc", "/mnt/../x"]), "size": size}
     ssd["volume"] = volume
+    model: dict[str, Any] = {
+        "path": p(["m", "/models/x"], [""]),
+        "attention": p(["auto", "mha", "mla"], ["gqa"]),
+    }
+    if draw(st.booleans()):  # page geometry: DeepSeek-R1, Llama-3.1-70B/405B, Qwen3-235B
+        model["kvBytesPerToken"] = p([70272, 327680, 516096, 192512], [0, 2**25, 327681])
+        model["attention"] = p(["mha", "mla"], ["auto"])
+        if draw(st.booleans()):
+            model["kvHeads"] = p([1, 4, 8, 64], [0, 12])
     spec: dict[str, Any] = {
-        "model": {"path": p(["m", "/models/x"], [""])},
+        "model": model,
         "replicas": draw(st.integers(0, 3)),
         "engine": engine,
         "hiCache": hicache,
@@ -174,4 +185,9 @@ def test_plan_returns_valid_objects_or_a_spec_error(cr: dict[str, Any]) -> None:
             k: v for k, v in c["resources"]["requests"].items() if k != "ephemeral-storage"
         } == lim
     cm = p.objects[0]
-    load_launch_config(cm["data"])  # the pod accepts its env
+    store = load_launch_config(cm["data"]).store  # the pod accepts its env
+    page = p.sizing.page
+    if page is not None:  # ... and the page, when SGLang registers its host pool
+        event("planned with page geometry")
+        for r in range(store.umbp_local_ranks):
+            assert page_size_problems(store.rank(r), page.part_bytes, page.parts) == []

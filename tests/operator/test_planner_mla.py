@@ -41,6 +41,7 @@ def test_mla_with_dp_attention_one_rank_per_group_keeps_the_embedded_l3() -> Non
 def test_auto_attention_with_tp_and_embedded_warns() -> None:
     cr = deepseek()
     cr["spec"]["model"]["attention"] = "auto"
+    del cr["spec"]["model"]["kvBytesPerToken"]  # needs mha or mla
     cr["spec"]["l3"]["mode"] = "embedded"
     p = plan(cr, OperatorConfig())
     assert any("model.attention is auto" in w for w in p.warnings)

@@ -1,4 +1,6 @@
-"""The L3 client's host buffers in the engine's memory: write-back ring and embedded SSD staging.
+"""The L3 client's host buffers in the engine's memory: write-back ring and embedded SSD staging,
+without the model's page geometry (``model.kvBytesPerToken`` unset: 8 MiB page parts assumed;
+the examples' geometry is removed here). With the geometry: test_sizing_page_geometry.py.
 
 Everything is real: the planner, the backend's env contract it renders and parses back, the
 backend's constants it sizes with. No fakes. Expected numbers are worked out by hand.
@@ -26,6 +28,7 @@ QUEUE_ENV = BY_KEY["umbp_tier_queue_bytes"].env
 
 def _plan(example: str, mutate: Callable[[dict[str, Any]], Any] | None = None) -> Plan:
     cr = copy.deepcopy(load_example(example))
+    cr["spec"]["model"].pop("kvBytesPerToken", None)
     if mutate:
         mutate(cr["spec"])
     return plan(cr, CONFIG)
@@ -113,3 +116,30 @@ def test_the_summary_shows_the_ring_and_staging_arithmetic() -> None:
         f"SSD staging = 8 ranks x {SSD_STAGING_SLOTS} slots x {SSD_VALUE_BYTES_DEFAULT} B" in text
     )
     assert f"L3 ring and SSD staging {9 * GI} B" in text
+
+
+def test_without_the_geometry_the_plan_says_what_it_assumed() -> None:
+    for example, where in (("llama-3.1-405b-mi355x.yaml", "the engine's SSD staging is"),
+                           ("llama-3.1-70b-mi355x.yaml",
+                            "the umbp-ssd sidecar's staging slots are")):
+        p = _plan(example)
+        [warning] = [w for w in p.warnings if "kvBytesPerToken" in w]
+        assert warning.startswith(f"model.kvBytesPerToken is not set: {where} sized")
+        assert f"page parts of {SSD_VALUE_BYTES_DEFAULT} B (8 MiB)" in warning
+        assert "set model.kvBytesPerToken (with model.attention mha or mla)" in warning
+        assert f"  - {warning}" in render_summary(p)
+    # No SSD tier, nothing staged, nothing assumed.
+    assert not any("kvBytesPerToken" in w for w in _plan("minimal-dram-only.yaml").warnings)
+    assert not any("kvBytesPerToken" in w for w in plan(load_example(
+        "llama-3.1-405b-mi355x.yaml"), CONFIG).warnings)
+
+
+def test_without_the_geometry_the_ssd_sidecar_keeps_8_mib_slots_shared_by_every_rank() -> None:
+    """llama-70b, 4 ranks: 32 slots per rank x 4 = 128 slots of 8 MiB = 1 GiB of staging;
+    memory roundup_GiB(2 GiB + 1 GiB) = 3 GiB."""
+    p = _plan("llama-3.1-70b-mi355x.yaml")
+    sidecar = next(c for c in p.sizing.containers if c.name == "umbp-ssd")
+    assert (p.sizing.ssd_slot_bytes, p.sizing.ssd_sidecar_slots) == (8 * MI, 128)
+    assert p.sizing.ssd_sidecar_staging == 128 * 8 * MI == GI
+    assert sidecar.memory_bytes == 3 * GI
+    assert _env(p)[BY_KEY["umbp_ssd_slot_bytes"].env] == str(8 * MI)

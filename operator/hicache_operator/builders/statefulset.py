@@ -131,6 +131,9 @@ def _sidecar(b: BuildInput, medium: Medium, sizing: ContainerSizing) -> dict[str
             ssd_dir=SSD_MOUNT,
             io_backend=spec.l3.ssd.io_backend,
             durability=spec.l3.ssd.durability,
+            # slot = the engine's umbp_ssd_slot_bytes; slots shared by every rank (sizing)
+            value_bytes=b.sizing.ssd_slot_bytes,
+            staging_slots=b.sizing.ssd_sidecar_slots,
         )
         mounts.append({"name": SSD_VOLUME, "mountPath": SSD_MOUNT})
         ephemeral = b.ssd.ephemeral_bytes

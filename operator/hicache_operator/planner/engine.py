@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from hicache_umbp.build import page_size_problems
 from hicache_umbp.client import standalone_socket_path
 from hicache_umbp.config import (
     BUILTIN_BACKEND,
@@ -19,6 +20,7 @@ from hicache_umbp.config import (
     SGLANG_HOST_ALLOCATOR_ENV,
     ConfigError,
     Medium,
+    RankConfig,
     load_launch_config,
     render_env,
 )
@@ -27,7 +29,7 @@ from hicache_umbp.launch.errors import LaunchError
 
 from ..api.spec import SGLangHiCacheSpec
 from .errors import Problems
-from .sizing import PodSizing
+from .sizing import PodSizing, largest_page_size, page_size_refusal
 from .ssd import SSD_MOUNT, SsdLayout
 
 SOCKET_DIR = "/var/run/umbp"
@@ -221,6 +223,9 @@ def contract_values(
             )
     else:
         v["umbp_socket_dir"] = SOCKET_DIR
+        if ssd.enabled:
+            # The same number as the sidecar's UMBP_DISTRIBUTED_DRAM_PAGE_SIZE (builders).
+            v["umbp_ssd_slot_bytes"] = sizing.ssd_slot_bytes
     if l3.backend == BUILTIN_BACKEND:
         # Rendered only when not the default, so pods of CRs that never set it keep their
         # ConfigMap (and config hash) byte for byte: an operator upgrade restarts no engine.
@@ -265,6 +270,51 @@ def plan_engine_env(
         problems.add("spec", f"the launcher would refuse to start: {err}")
         return None
     return EngineEnv(values=values, env=env, sglang_argv=command.argv)
+
+
+#: The CR field behind each limit ``page_size_problems`` names (by its env variable).
+PAGE_LIMIT_FIELDS = {
+    "umbp_dram_bytes": "spec.l3.dram.capacity",
+    "umbp_ssd_bytes": "spec.l3.ssd.capacity",
+    "umbp_tier_queue_bytes": "spec.l3.tiering.queueSize",
+}
+
+
+def check_page_size(
+    spec: SGLangHiCacheSpec, namespace: str, name: str, sizing: PodSizing, ssd: SsdLayout,
+    problems: Problems,
+) -> None:
+    """Refuse at ``spec.engine.pageSize`` the page the pod's store would refuse when SGLang
+    registers its host pool: the backend's own :func:`~hicache_umbp.build.page_size_problems`
+    on the configuration the pod will load (rendered and loaded as :func:`plan_engine_env`
+    does). Runs beside the CR's other problems, so one answer lists them all; a configuration
+    the pod's loader refuses is left to :func:`plan_engine_env` or to the problem behind it.
+    Ranks are sized alike: the first rank that refuses speaks for all (no message per rank)."""
+    page = sizing.page
+    if page is None:
+        return
+    try:
+        env = render_env(contract_values(spec, namespace, name, sizing, ssd))
+        store = load_launch_config(env).store
+        ranks = [store.rank(r) for r in range(store.umbp_local_ranks)]
+        refusals = [page_size_problems(rank, page.part_bytes, page.parts) for rank in ranks]
+    except ConfigError:
+        return
+    for rank, reasons in zip(ranks, refusals, strict=True):
+        if not reasons:
+            continue
+
+        def fits(part: int, rank: RankConfig = rank) -> bool:
+            return not page_size_problems(rank, part, page.parts)
+
+        largest = largest_page_size(page, fits)
+        for reason in reasons:
+            fields = [f for k, f in PAGE_LIMIT_FIELDS.items() if BY_KEY[k].env in reason]
+            problems.add(
+                "spec.engine.pageSize",
+                page_size_refusal(page, reason, " or ".join(fields), largest),
+            )
+        return
 
 
 def sidecar_socket(medium: Medium) -> str:

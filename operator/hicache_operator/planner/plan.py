@@ -30,7 +30,9 @@ from ..builders import (
 from .engine import (
     SOCKET_DIR,
     EngineEnv,
+    attention_tp_size,
     check_mla_l3,
+    check_page_size,
     check_parallelism,
     check_user_args_and_env,
     mla_warnings,
@@ -41,7 +43,7 @@ from .k8s_checks import check_pod_inputs, model_path_warnings
 from .object_checks import check_objects
 from .placement import GPU_MODELS, GpuModel, pod_affinity, pod_tolerations, tolerates_unhealthy
 from .security import check_security, granted_capabilities, security_warnings
-from .sizing import PodSizing, size_pod
+from .sizing import PodSizing, page_geometry, size_pod, staging_warnings
 from .ssd import SsdLayout, plan_ssd
 from .topology import Topology, plan_topology
 from .validate import parse_cr
@@ -126,7 +128,11 @@ def plan(
     ):
         problems.add("spec.l3", "no L3 tier: set l3.dram.capacity > 0 or enable l3.ssd")
     ssd = plan_ssd(spec, ranks, policy, problems)
-    sizing = size_pod(spec, ranks, ssd.capacity if ssd.enabled else 0, config, problems)
+    page = page_geometry(spec, attention_tp_size(spec), problems)
+    sizing = size_pod(
+        spec, ranks, ssd.capacity if ssd.enabled else 0, config, problems, page=page
+    )
+    check_page_size(spec, parsed.namespace, parsed.name, sizing, ssd, problems)
     engine = (
         plan_engine_env(
             spec, parsed.namespace, parsed.name, sizing, ssd, problems,
@@ -227,6 +233,7 @@ def _warnings(
         )
     out.extend(model_path_warnings(spec))
     out.extend(mla_warnings(spec))
+    out.extend(staging_warnings(spec, sizing))
     if tolerates_unhealthy(tolerations):
         out.append(
             "a toleration matches the amd-gpu-unhealthy taint: pods may land on GPUs "
