@@ -121,7 +121,8 @@ def test_the_summary_shows_the_ring_and_staging_arithmetic() -> None:
 def test_without_the_geometry_the_plan_says_what_it_assumed() -> None:
     for example, where in (("llama-3.1-405b-mi355x.yaml", "the engine's SSD staging is"),
                            ("llama-3.1-70b-mi355x.yaml",
-                            "the umbp-ssd sidecar's staging slots are")):
+                            "the umbp-ssd sidecar's staging slots (16, shared by the 4 "
+                            "ranks; 32 per rank with the geometry) are")):
         p = _plan(example)
         [warning] = [w for w in p.warnings if "kvBytesPerToken" in w]
         assert warning.startswith(f"model.kvBytesPerToken is not set: {where} sized")
@@ -134,12 +135,17 @@ def test_without_the_geometry_the_plan_says_what_it_assumed() -> None:
         "llama-3.1-405b-mi355x.yaml"), CONFIG).warnings)
 
 
-def test_without_the_geometry_the_ssd_sidecar_keeps_8_mib_slots_shared_by_every_rank() -> None:
-    """llama-70b, 4 ranks: 32 slots per rank x 4 = 128 slots of 8 MiB = 1 GiB of staging;
-    memory roundup_GiB(2 GiB + 1 GiB) = 3 GiB."""
+def test_without_the_geometry_the_ssd_sidecar_is_what_it_always_was() -> None:
+    """llama-70b, 4 ranks, no kvBytesPerToken: 16 slots of 8 MiB shared by the 4 ranks
+    (128 MiB), 4 GiB, and no slot rendered (both sides' default): byte for byte the pod an
+    earlier operator planned, so an upgrade restarts nothing."""
     p = _plan("llama-3.1-70b-mi355x.yaml")
     sidecar = next(c for c in p.sizing.containers if c.name == "umbp-ssd")
-    assert (p.sizing.ssd_slot_bytes, p.sizing.ssd_sidecar_slots) == (8 * MI, 128)
-    assert p.sizing.ssd_sidecar_staging == 128 * 8 * MI == GI
-    assert sidecar.memory_bytes == 3 * GI
-    assert _env(p)[BY_KEY["umbp_ssd_slot_bytes"].env] == str(8 * MI)
+    assert (p.sizing.ssd_slot_bytes, p.sizing.ssd_sidecar_slots) == (8 * MI, 16)
+    assert p.sizing.ssd_sidecar_staging == 16 * 8 * MI
+    assert sidecar.memory_bytes == 4 * GI
+    assert BY_KEY["umbp_ssd_slot_bytes"].env not in _env(p)
+    assert (
+        "umbp-ssd staging = 16 slots x 8388608 B (8 MiB page parts assumed; the 4 ranks share "
+        "them) = 134217728 B; memory 4Gi" in render_summary(p)
+    )

@@ -223,8 +223,9 @@ def contract_values(
             )
     else:
         v["umbp_socket_dir"] = SOCKET_DIR
-        if ssd.enabled:
-            # The same number as the sidecar's UMBP_DISTRIBUTED_DRAM_PAGE_SIZE (builders).
+        if ssd.enabled and sizing.page is not None:
+            # The same number as the sidecar's UMBP_DISTRIBUTED_DRAM_PAGE_SIZE (builders);
+            # without the page geometry both keep their default (8 MiB), as before.
             v["umbp_ssd_slot_bytes"] = sizing.ssd_slot_bytes
     if l3.backend == BUILTIN_BACKEND:
         # Rendered only when not the default, so pods of CRs that never set it keep their

@@ -37,12 +37,14 @@ T the attention-TP ranks (TP, divided by DP under DP attention), h the KV heads
     of one part; standalone: in the sidecar). Without K: ``16 * 8 MiB``.
 
   The engine counts ``R *`` (ring + staging).
-* umbp-ssd sidecar (standalone SSD tier): staging slot ``s = roundup(p, 4 KiB)`` (8 MiB without
-  K), rendered both to the engine's ``umbp_ssd_slot_bytes`` and to the sidecar's
+* umbp-ssd sidecar (standalone SSD tier): staging slot ``s = roundup(p, 4 KiB)``, rendered
+  both to the engine's ``umbp_ssd_slot_bytes`` and to the sidecar's
   ``UMBP_DISTRIBUTED_DRAM_PAGE_SIZE`` (``hicache_umbp.mori_env``), so one part takes one slot
   and one 16-slot batch of a rank holds ``16 // n`` pages (``staging.ssd_keys_per_call``);
   ``2 * 16 * R`` slots; staging ``= slots * s`` (``staging.sidecar_ssd_staging_bytes``), taken
-  from the sidecar's own DRAM pool; memory ``= roundup_GiB(2 GiB + staging)``.
+  from the sidecar's own DRAM pool; memory ``= roundup_GiB(2 GiB + staging)``. Without K the
+  sidecar stays as it always was, byte for byte (an operator upgrade restarts no pod): 16 slots
+  of 8 MiB (both sides' default, not rendered), 4 GiB.
 
   Why the slots scale with R: the one sidecar serves every rank of the pod, each rank's client
   keeps one batch of up to 16 slots in flight (``client_guards.SerializedClient``), and mori
@@ -111,6 +113,9 @@ SHM_PER_RANK = 4 * GIB
 SIDECAR_CPU = 2
 #: Process memory of a standalone sidecar besides its pools (the SSD one adds its staging).
 SIDECAR_MEMORY = {"dram": 2 * GIB, "ssd": 2 * GIB}
+#: The umbp-ssd sidecar's memory without the model's geometry: the flat 4 GiB it always had
+#: (2 GiB of process, 2 GiB for 16 slots of 8 MiB and more), kept so such pods do not change.
+SIDECAR_SSD_MEMORY_ASSUMED = 4 * GIB
 #: Staging slots of the umbp-ssd sidecar per rank it serves: one batch in flight plus one read
 #: batch whose slots mori still holds leased (module docstring).
 SIDECAR_SSD_SLOTS_PER_RANK = 2 * SSD_STAGING_SLOTS
@@ -351,7 +356,9 @@ def size_pod(
         ring_total, staging_total = _staging_of_page(
             spec, page, ranks, queue_r, bool(dram_total), bool(ssd_bytes), lines
         )
-    slot, slots, sidecar_staging = _ssd_sidecar(page, ranks, standalone and bool(ssd_bytes), lines)
+    slot, slots, sidecar_staging, sidecar_memory = _ssd_sidecar(
+        page, ranks, standalone and bool(ssd_bytes), lines
+    )
 
     shm = _shm(spec, ranks, lines)
 
@@ -391,12 +398,7 @@ def size_pod(
         mem = SIDECAR_MEMORY["dram"] + (0 if dram_page else dram_total)
         containers.append(ContainerSizing("umbp-dram", SIDECAR_CPU, mem, hp))
     if standalone and ssd_bytes:
-        mem = round_up(SIDECAR_MEMORY["ssd"] + sidecar_staging, GIB)
-        lines.append(
-            f"umbp-ssd memory = roundup_GiB({format_bytes(SIDECAR_MEMORY['ssd'])} + staging "
-            f"{sidecar_staging} B) = {format_bytes(mem)}"
-        )
-        containers.append(ContainerSizing("umbp-ssd", SIDECAR_CPU, mem))
+        containers.append(ContainerSizing("umbp-ssd", SIDECAR_CPU, sidecar_memory))
 
     sizing = PodSizing(
         ranks=ranks,
@@ -480,22 +482,34 @@ def _staging_of_page(
 
 def _ssd_sidecar(
     page: PageGeometry | None, ranks: int, on: bool, lines: list[str]
-) -> tuple[int, int, int]:
-    """(slot bytes, slots, staging bytes) of the umbp-ssd sidecar (module docstring)."""
-    slot = SSD_VALUE_BYTES_DEFAULT if page is None else round_up(page.part_bytes, SLOT_ALIGN)
+) -> tuple[int, int, int, int]:
+    """(slot bytes, slots, staging bytes, memory) of the umbp-ssd sidecar (module docstring);
+    without the geometry today's sidecar (16 slots of 8 MiB, 4 GiB), byte for byte."""
+    if page is None:
+        slot, slots = SSD_VALUE_BYTES_DEFAULT, SSD_STAGING_SLOTS
+        staging = sidecar_ssd_staging_bytes(slot, slots)
+        if on:
+            lines.append(
+                f"umbp-ssd staging = {slots} slots x {slot} B (8 MiB page parts assumed; the "
+                f"{ranks} ranks share them) = {staging} B; memory "
+                f"{format_bytes(SIDECAR_SSD_MEMORY_ASSUMED)}"
+            )
+        return slot, slots, staging if on else 0, SIDECAR_SSD_MEMORY_ASSUMED
+    slot = round_up(page.part_bytes, SLOT_ALIGN)
     slots = SIDECAR_SSD_SLOTS_PER_RANK * ranks
-    if not on:
-        return slot, slots, 0
     staging = sidecar_ssd_staging_bytes(slot, slots)
-    part = (
-        f"roundup(part {page.part_bytes} B, {format_bytes(SLOT_ALIGN)})" if page is not None
-        else "8 MiB (assumed page part)"
-    )
-    lines.append(
-        f"umbp-ssd staging = {SIDECAR_SSD_SLOTS_PER_RANK} slots x {ranks} ranks x slot "
-        f"{part} = {slots} x {slot} B = {staging} B"
-    )
-    return slot, slots, staging
+    memory = round_up(SIDECAR_MEMORY["ssd"] + staging, GIB)
+    if on:
+        lines.append(
+            f"umbp-ssd staging = {SIDECAR_SSD_SLOTS_PER_RANK} slots x {ranks} ranks x slot "
+            f"roundup(part {page.part_bytes} B, {format_bytes(SLOT_ALIGN)}) = {slots} x "
+            f"{slot} B = {staging} B"
+        )
+        lines.append(
+            f"umbp-ssd memory = roundup_GiB({format_bytes(SIDECAR_MEMORY['ssd'])} + staging "
+            f"{staging} B) = {format_bytes(memory)}"
+        )
+    return slot, slots, staging if on else 0, memory
 
 
 def staging_warnings(spec: SGLangHiCacheSpec, s: PodSizing) -> list[str]:
@@ -503,7 +517,8 @@ def staging_warnings(spec: SGLangHiCacheSpec, s: PodSizing) -> list[str]:
     if s.page is not None or not s.ssd_total:
         return []
     where = (
-        "the umbp-ssd sidecar's staging slots are" if spec.l3.mode == "standalone"
+        f"the umbp-ssd sidecar's staging slots (16, shared by the {s.ranks} ranks; 32 per rank "
+        f"with the geometry) are" if spec.l3.mode == "standalone"
         else "the engine's SSD staging is"
     )
     return [
