@@ -331,6 +331,22 @@ def test_an_mha_size_that_does_not_split_into_k_and_v_per_rank_is_refused() -> N
     assert "set model.kvHeads" in msg
 
 
+def test_the_built_in_backend_is_not_held_to_our_stores_page_rules() -> None:
+    """l3.backend sglang-mori: SGLang's own store (DRAM only) takes the page, not ours. A page
+    of 4096 x 70,272 = 287,834,112 B with 64 MiB of DRAM, which our store refuses, is planned
+    for it, and no staging is counted (no SSD tier, no ring)."""
+    builtin = "cpu/tiny-llama-builtin.yaml"
+    geometry = model(attention="mla", kvBytesPerToken=70_272)
+    small = dram("64Mi")
+    p = _plan(builtin, geometry, page_size(4096), small)
+    assert p.sizing.page is not None and p.sizing.page.part_bytes == 4096 * 70_272
+    assert p.sizing.ring_total == p.sizing.ssd_staging_total == 0
+    with pytest.raises(SpecError) as err:  # the same pod on our store: refused
+        _plan(builtin, geometry, page_size(4096), small,
+              lambda s: s["l3"].update(backend="umbp"))
+    assert _page_problems(err.value)
+
+
 @pytest.mark.parametrize("bad", [0, 16 * MI + 1, True, "x"])
 def test_kv_bytes_per_token_is_a_positive_bounded_integer(bad: Any) -> None:
     with pytest.raises(SpecError) as err:

@@ -290,9 +290,11 @@ def check_page_size(
     on the configuration the pod will load (rendered and loaded as :func:`plan_engine_env`
     does). Runs beside the CR's other problems, so one answer lists them all; a configuration
     the pod's loader refuses is left to :func:`plan_engine_env` or to the problem behind it.
-    Ranks are sized alike: the first rank that refuses speaks for all (no message per rank)."""
+    Ranks are sized alike: the first rank that refuses speaks for all (no message per rank).
+    SGLang's built-in backend (``l3.backend: sglang-mori``) is not our store and keeps no SSD
+    tier or ring: its page rules are its own, so nothing is checked for it."""
     page = sizing.page
-    if page is None:
+    if page is None or spec.l3.backend == BUILTIN_BACKEND:
         return
     try:
         env = render_env(contract_values(spec, namespace, name, sizing, ssd))
