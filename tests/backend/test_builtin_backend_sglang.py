@@ -8,6 +8,10 @@ SGLang's host pools (MHA and MLA) and storage config, mori 1.2.4's clients, and
 ``umbp_standalone_server`` processes started with the env the operator renders for its sidecars
 (:func:`hicache_umbp.mori_env.standalone_server_env`). Nothing is faked; the model is a tiny
 config (no weights).
+
+Its SSD and restart facts (no SSD byte in-process, a standalone SSD server needs staging slots
+for a whole batch, standalone DRAM serves the next engine) are pinned through SGLang's controller,
+side by side with ours, in tests/backend/test_builtin_mori_sglang.py.
 """
 
 from __future__ import annotations
@@ -73,78 +77,6 @@ def pages(n: int = PAGES) -> tuple[list[str], torch.Tensor]:
 def page_part_bytes(store: Any, idx: torch.Tensor) -> int:
     _, sizes = store.mem_pool_host.get_page_buffer_meta(idx[: E.PAGE])
     return int(sizes[0]) if isinstance(sizes, list) else int(sizes)
-
-
-def bytes_on_disk(root: Path) -> int:
-    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
-
-
-def test_in_process_ssd_tier_is_never_written(model_dir: Path, tmp_path: Path) -> None:
-    """ssd_enabled, a directory and a DRAM tier of 4 pages: the pages DRAM cannot take fail,
-    and not one byte reaches the SSD directory."""
-    ssd = tmp_path / "ssd"
-    ssd.mkdir()
-    keys, idx = pages()
-    probe = builtin_store(model_dir, {"dram_capacity_bytes": 64 * MIB, "ssd_enabled": False})
-    dram = 4 * 2 * page_part_bytes(probe, idx)  # 4 MHA pages (K and V parts)
-    store = builtin_store(model_dir, {"dram_capacity_bytes": dram, "ssd_enabled": True,
-                                      "ssd_storage_dir": str(ssd),
-                                      "ssd_capacity_bytes": 256 * MIB})
-    E.fill_random(store.mem_pool_host, seed=1)
-    stored = store.batch_set_v1(keys, idx)
-    assert store.flush()
-    assert 0 < sum(stored) <= 4, stored
-    assert bytes_on_disk(ssd) == 0
-    assert not Path("/tmp/umbp_ssd").exists() or bytes_on_disk(Path("/tmp/umbp_ssd")) == 0
-
-
-@pytest.mark.parametrize(("slots", "stored_pages"), [(16, 8), (256, PAGES)])
-def test_standalone_ssd_server_stores_only_the_values_its_staging_slots_hold(
-    model_dir: Path, tmp_path: Path, standalone_servers: Any, monkeypatch: pytest.MonkeyPatch,
-    slots: int, stored_pages: int,
-) -> None:
-    """The whole batch (2 values per MHA page) goes to the server in one call. With the
-    sidecar env the operator renders (16 staging slots) the first 16 values (8 pages) land and
-    every other page of the batch fails -- SGLang's backup sees ``all(...)`` False and logs
-    ``Write page to storage: N pages failed``. With 256 slots the same batch lands: the slots,
-    not the medium, refuse it."""
-    ssd = tmp_path / "ssd"
-    ssd.mkdir()
-    server = standalone_servers.start("ssd", standalone_server_env(
-        "ssd", capacity_bytes=256 * MIB, ssd_dir=str(ssd), value_bytes=MIB,
-        staging_slots=slots))
-    for k, v in standalone_client_env(server.socket_path).items():
-        monkeypatch.setenv(k, v)
-    store = builtin_store(model_dir, {"ssd_enabled": False})
-    assert store._zero_copy_registered  # the host pool is registered with the server
-    keys, idx = pages()
-    E.fill_random(store.mem_pool_host, seed=2)
-    stored = store.batch_set_v1(keys, idx)
-    assert sum(stored) == stored_pages, stored
-    assert stored[:stored_pages] == [True] * stored_pages
-    assert store.batch_exists(keys) == stored_pages
-    assert bytes_on_disk(ssd) > 0
-
-
-def test_standalone_dram_server_serves_the_next_engine(
-    model_dir: Path, standalone_servers: Any, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The engine's client goes away (a restart); a new one reads every page byte-exact."""
-    server = standalone_servers.start("dram", standalone_server_env("dram",
-                                                                    capacity_bytes=64 * MIB))
-    for k, v in standalone_client_env(server.socket_path).items():
-        monkeypatch.setenv(k, v)
-    keys, idx = pages()
-    first = builtin_store(model_dir, {"ssd_enabled": False})
-    E.fill_random(first.mem_pool_host, seed=3)
-    want = E.page_bytes(first.mem_pool_host, idx)
-    assert all(first.batch_set_v1(keys, idx))
-    first.close()
-    second = builtin_store(model_dir, {"ssd_enabled": False})
-    E.wipe(second.mem_pool_host)
-    assert second.batch_exists(keys) == PAGES
-    assert all(second.batch_get_v1(keys, idx))
-    assert E.page_bytes(second.mem_pool_host, idx) == want
 
 
 def test_keys_carry_no_model_name(
