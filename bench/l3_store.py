@@ -253,16 +253,16 @@ def main() -> int:
             flush=True,
         )
         result[label] = {k: round(v, 3) for k, v in g.items()}
-    workdir = tempfile.mkdtemp(prefix="hicache-bench-l3-")
     tiers: dict[str, dict] = {}
-    for policy in ("write_back", "write_through"):
-        tiers[policy] = bench_tiers(policy, MIB, args.tier_pages, 5, workdir)
-        t = tiers[policy]
-        print(
-            f"tiered DRAM+SSD {policy:>13}: set {t['set_gbps']:.2f} GB/s, set+drain "
-            f"{t['set_and_drain_gbps']:.2f} GB/s ({args.tier_pages} x 1 MiB pages)",
-            flush=True,
-        )
+    with tempfile.TemporaryDirectory(prefix="hicache-bench-l3-") as workdir:
+        for policy in ("write_back", "write_through"):
+            tiers[policy] = bench_tiers(policy, MIB, args.tier_pages, 5, workdir)
+            t = tiers[policy]
+            print(
+                f"tiered DRAM+SSD {policy:>13}: set {t['set_gbps']:.2f} GB/s, set+drain "
+                f"{t['set_and_drain_gbps']:.2f} GB/s ({args.tier_pages} x 1 MiB pages)",
+                flush=True,
+            )
     wb, wt = tiers["write_back"], tiers["write_through"]
     result["tiered"] = {p: {k: round(v, 3) for k, v in t.items()} for p, t in tiers.items()}
     result["tier_set_write_back_vs_write_through"] = round(wb["set_gbps"] / wt["set_gbps"], 3)

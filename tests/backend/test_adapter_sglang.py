@@ -72,10 +72,14 @@ def standalone_extra(servers: StandaloneServers, **settings: Any) -> dict[str, A
 
 def publish(extra: dict[str, Any]) -> None:
     """Publish the server config as SGLang's scheduler does (our allocator hook reads it)."""
+    import atexit
+    import shutil
     import tempfile
 
     if not _MODEL:
-        _MODEL.append(E.tiny_model_dir(Path(tempfile.mkdtemp(prefix="hicache-model-"))))
+        root = tempfile.mkdtemp(prefix="hicache-model-")
+        atexit.register(shutil.rmtree, root, True)  # one per session, gone with it
+        _MODEL.append(E.tiny_model_dir(Path(root)))
     E.publish_scheduler(_MODEL[0], extra)
 
 
