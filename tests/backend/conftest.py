@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -159,3 +159,14 @@ def standalone_servers(tmp_path: Path) -> Iterator[StandaloneServers]:
         yield servers
     finally:
         servers.stop_all()
+
+
+@pytest.fixture
+def stacks() -> Iterator[list[Any]]:
+    """Scheduler stacks (tests/backend/sglang_stack.py) a test builds; closed at teardown."""
+    built: list[Any] = []
+    try:
+        yield built
+    finally:
+        for stack in built:
+            stack.close()

@@ -28,7 +28,6 @@ What these tests pin (each fails if SGLang or mori changes the behaviour):
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,16 +61,6 @@ def builtin_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     for name in ("UMBP_STANDALONE_ADDRESS", "UMBP_MASTER_ADDRESS", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
-
-
-@pytest.fixture
-def stacks() -> Iterator[list[S.Stack]]:
-    built: list[S.Stack] = []
-    try:
-        yield built
-    finally:
-        for stack in built:
-            stack.close()
 
 
 def device_pool() -> Any:

@@ -24,7 +24,6 @@ fault is mori.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,16 +73,6 @@ def extra(**settings: Any) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return E.tiny_model_dir(tmp_path_factory.mktemp("model"))
-
-
-@pytest.fixture
-def stacks() -> Iterator[list[S.Stack]]:
-    built: list[S.Stack] = []
-    try:
-        yield built
-    finally:
-        for stack in built:
-            stack.close()
 
 
 def tokens(n_pages: int, seed: int) -> list[int]:

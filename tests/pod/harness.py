@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from .podspec import PodMeta, parse_quantity
+from .podspec import PodMeta
 from .runtime import Image, Pod
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,10 +96,6 @@ def make_image(workdir: Path) -> Image:
     env = {"PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin", "HOME": "/home/sglang",
            "PYTHONUNBUFFERED": "1"}
     return Image(bin_dir=bin_dir, env=env, root_keep=(sys.base_prefix,))
-
-
-def memory_limit_of(container: dict[str, Any]) -> int:
-    return parse_quantity(container["resources"]["limits"]["memory"])
 
 
 class Client:

@@ -104,7 +104,7 @@ class Node:
 
     def reserve_hugepages_for(self, container: dict[str, object]) -> None:
         """What the node's admin pre-allocated for this container's hugepages requests."""
-        for page_size, nbytes in podspec.hugepages(container).items():  # type: ignore[arg-type]
+        for page_size, nbytes in podspec.hugepages(container).items():
             self.reserve_hugepages(page_size, nbytes)
 
     def memory_cgroup(self, name: str, limit: int | None) -> Path:

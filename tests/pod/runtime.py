@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -291,8 +290,8 @@ class Pod:
         if p.kind == "exec":
             if c.proc is None or c.proc.poll() is not None:
                 return False, "container not running"
-            cmd = ["nsenter", f"--target={self._leaf_pid(c)}", "--mount", "--",
-                   *p.target["command"]]
+            # The shim execs setpriv, which execs the command: the main pid is the command's.
+            cmd = ["nsenter", f"--target={c.proc.pid}", "--mount", "--", *p.target["command"]]
             try:
                 r = subprocess.run(cmd, capture_output=True, timeout=p.timeout_s)
             except subprocess.TimeoutExpired:
@@ -308,12 +307,6 @@ class Pod:
             except OSError as e:
                 return False, str(e)
         raise NotImplementedError(p.kind)
-
-    @staticmethod
-    def _leaf_pid(c: Container) -> int:
-        # The main pid is the shim, which execs setpriv, which execs the command: same pid.
-        assert c.proc is not None
-        return c.proc.pid
 
     # -- volumes -----------------------------------------------------------------------------------
     def _prepare_volumes(self) -> None:
@@ -454,7 +447,3 @@ def _own_group(path: Path, gid: int) -> None:
                 os.chown(name, -1, gid)
                 mode = os.stat(name).st_mode
                 os.chmod(name, mode | 0o060 | (0o2010 if os.path.isdir(name) else 0))
-
-
-def rm_tree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
