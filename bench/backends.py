@@ -13,7 +13,7 @@ the prefetch-io thread and checks every byte, then detaches. Rounds interleave t
 (rotating which goes first), so all see the same machine noise; a round's figure is the median
 of its three repetitions, a ratio the median of the per-round ratios.
 
-Backends: ours (``--hicache-storage-backend dynamic`` with ``hicache_umbp.sglang_adapter``,
+Backends: ours (``--hicache-storage-backend dynamic`` with ``hicache_umbp.sglang.adapter``,
 embedded mori DRAM of 1 GiB), the built-in (``mori``: ``umbp_store.UMBPStore``, extra-config
 ``dram_capacity_bytes`` 1 GiB, ``ssd_enabled`` false), ``file`` (``HiCacheFile`` under a temp
 dir on the machine's disk).
@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import torch  # noqa: E402
-from hicache_umbp.sglang_adapter import dynamic_extra_config  # noqa: E402
+from hicache_umbp.sglang.adapter import dynamic_extra_config  # noqa: E402
 
 from backend import sglang_env as E  # noqa: E402
 from backend import sglang_stack as S  # noqa: E402

@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "backend"))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from hicache_umbp import allocator as A  # noqa: E402
-from hicache_umbp import kernel_mem as K  # noqa: E402
+from hicache_umbp.hostmem import allocator as A  # noqa: E402
+from hicache_umbp.hostmem import kernel as K  # noqa: E402
 from support.hugepages import HugepageReservation, HugepagesRefused  # noqa: E402
 
 MAP_POPULATE = 0x8000
@@ -113,7 +113,7 @@ def main() -> None:
 
 def run(args: argparse.Namespace, reserved: int) -> None:
     # one demotion line per backing below instead of one warning per allocation
-    logging.getLogger("hicache_umbp.allocator").setLevel(logging.ERROR)
+    logging.getLogger("hicache_umbp.hostmem.allocator").setLevel(logging.ERROR)
     size = int(args.size_gib * A.GIB)
     gib = size / A.GIB
     cpus = args.max_threads

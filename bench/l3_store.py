@@ -14,7 +14,7 @@ sized so every put lands in free space. Raw and store run in A-B-B-A order per p
 ratios are medians of the per-pair ratios: on a shared, noisy machine this keeps load from
 other processes out of the ratios. ``store_overhead_us_per_batch`` times the store alone over
 a client that does nothing: the part of a batch's time that is ours. Peak memory ~4 GiB.
-Then DRAM in front of an SSD node (:class:`hicache_umbp.tiers.TieredClient`): ``batch_set``
+Then DRAM in front of an SSD node (:class:`hicache_umbp.store.tiers.TieredClient`): ``batch_set``
 throughput with ``write_back`` and ``write_through``, and the sustained rate (set + drain).
 
 The last line is one JSON object with ``store_put_vs_raw`` and ``store_get_vs_raw``
@@ -40,10 +40,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "backend"))
 
 
-from hicache_umbp.client import make_embedded_dram_client, make_embedded_ssd_client  # noqa: E402
-from hicache_umbp.keys import MLA_PARTS, KeyScheme  # noqa: E402
-from hicache_umbp.store import UMBPStore  # noqa: E402
-from hicache_umbp.tiers import TieredClient  # noqa: E402
+from hicache_umbp.clients.factories import make_embedded_dram_client, make_embedded_ssd_client  # noqa: E402
+from hicache_umbp.store.keys import MLA_PARTS, KeyScheme  # noqa: E402
+from hicache_umbp.store.store import UMBPStore  # noqa: E402
+from hicache_umbp.store.tiers import TieredClient  # noqa: E402
 
 MIB = 1 << 20
 GB = 1e9

@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from hicache_operator.api.config import AdminPolicy, OperatorConfig
-from hicache_operator.planner import SpecError, plan
+from hicache_operator.plan import SpecError, plan
 
 RECONCILE_BUDGET_MS = 1000.0
 

@@ -48,9 +48,9 @@ import yaml  # noqa: E402
 from e2e_lib import FakeSGLangMetrics  # noqa: E402
 from emulator import CHART_CRD, EmulatorThread  # noqa: E402
 from hicache_operator.api import OperatorConfig  # noqa: E402
+from hicache_operator.cachestats.observer import CacheObserver  # noqa: E402
 from hicache_operator.cachestats.sglang_metrics import parse_pod  # noqa: E402
-from hicache_operator.controller.cache_observer import CacheObserver  # noqa: E402
-from hicache_operator.planner import plan  # noqa: E402
+from hicache_operator.plan import plan  # noqa: E402
 
 NAMESPACE = "bench"
 CR_API, CRS = "hicache.sglang.ai/v1alpha1", "sglanghicaches"

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import backends as B  # noqa: E402
-from hicache_umbp.sglang_adapter import (  # noqa: E402
+from hicache_umbp.sglang.adapter import (  # noqa: E402
     UMBPHiCacheStorage,
     dynamic_extra_config,
     use_client_opener,

@@ -2,11 +2,11 @@
 
 Run as ``.cache/venvs/engine/bin/engine-python bench/sidecar_slots.py`` (``make
 bench-sidecar-slots``). One real ``umbp_standalone_server`` (SSD medium, env from
-:func:`hicache_umbp.mori_env.standalone_server_env`) with S staging slots of 1 MiB; N client
-processes stand for N ranks of one pod, each with its own client from
-:func:`hicache_umbp.client.make_standalone_client` (one batch in flight per client, as the store
-runs). Every round a client puts 16 fresh 1 MiB values in one batch, then reads them back in one
-batch, then waits ``gap`` seconds. Puts a batch cannot stage fail (mori 1.2.4), so the failed
+:func:`hicache_umbp.contract.mori_env.standalone_server_env`) with S staging slots of 1 MiB; N
+client processes stand for N ranks of one pod, each with its own client from
+:func:`hicache_umbp.clients.factories.make_standalone_client` (one batch in flight per client, as
+the store runs). Every round a client puts 16 fresh 1 MiB values in one batch, then reads them back
+in one batch, then waits ``gap`` seconds. Puts a batch cannot stage fail (mori 1.2.4), so the failed
 puts count how often the ranks starve each other's slots.
 
 Scenarios (the planner's choice of ``2 x 16 x R`` slots, ``planner/sizing.py``):
@@ -45,8 +45,8 @@ BATCH = 16
 
 def client(sock: str, wid: int, rounds: int, gap: float, start_at: float) -> None:
     """One rank: ``rounds`` x (put 16 values, read them back, sleep ``gap``); prints its count."""
-    from hicache_umbp.allocator import HostAllocator
-    from hicache_umbp.client import make_standalone_client
+    from hicache_umbp.clients.factories import make_standalone_client
+    from hicache_umbp.hostmem.allocator import HostAllocator
 
     opened = make_standalone_client(sock, "ssd", wait_s=30, value_bytes=VALUE, slot_bytes=VALUE)
     c = opened.client
@@ -72,8 +72,8 @@ def client(sock: str, wid: int, rounds: int, gap: float, start_at: float) -> Non
 
 def scenario(ranks: int, slots: int, gap: float, rounds: int) -> dict[str, float]:
     """One server with ``slots`` slots and ``ranks`` client processes; failed and total puts."""
-    from hicache_umbp.client import mori_loader_prefix, standalone_server_binary
-    from hicache_umbp.mori_env import standalone_server_env
+    from hicache_umbp.clients.factories import mori_loader_prefix, standalone_server_binary
+    from hicache_umbp.contract.mori_env import standalone_server_env
 
     with tempfile.TemporaryDirectory(prefix="sidecar-slots-") as tmp:
         sock = os.path.join(tmp, "ssd.sock")

@@ -2,7 +2,7 @@
 
 The SGLang adapter builds the store when SGLang registers its host pool, not when it constructs
 the backend: only then are the page part size (which sizes the SSD staging slots and the
-write-back ring) and the page format (part of every key, :mod:`hicache_umbp.keys`) known.
+write-back ring) and the page format (part of every key, :mod:`hicache_umbp.store.keys`) known.
 Sizes the tiers cannot honour fail here, once, with a :class:`ConfigError` that names the page
 size and the limit (:func:`page_size_problems`), before any client is opened.
 """
@@ -12,18 +12,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from .client import OpenedClient, UMBPClientLike, configured_media, make_client
-from .config import BY_KEY, ConfigError, RankConfig
-from .keys import KeyScheme
-from .staging import (
+from .clients.factories import OpenedClient, UMBPClientLike, configured_media, make_client
+from .contract.settings import BY_KEY, ConfigError, RankConfig
+from .contract.staging import (
     SSD_STAGING_SLOTS,
     MemfdStaging,
     MoriShmStaging,
     ssd_keys_per_call,
     write_back_ring_keys,
 )
-from .store import UMBPStore
-from .tiers import TieredClient
+from .store.keys import KeyScheme
+from .store.store import UMBPStore
+from .store.tiers import TieredClient
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +89,9 @@ def build_store(
 
     One medium configured: the mori client for it (embedded DRAM, embedded SSD node, or the
     standalone server of that medium). DRAM and SSD both configured: a
-    :class:`~hicache_umbp.tiers.TieredClient` over the two, with ``umbp_tier_write_policy``,
+    :class:`~hicache_umbp.store.tiers.TieredClient` over the two, with ``umbp_tier_write_policy``,
     ``umbp_tier_queue_bytes`` (the ring's byte budget, see
-    :func:`~hicache_umbp.staging.write_back_ring_keys`) and ``umbp_promote_on_hit``.
+    :func:`~hicache_umbp.contract.staging.write_back_ring_keys`) and ``umbp_promote_on_hit``.
 
     ``value_bytes`` is the registered host pool's page part size (the largest value the tiers
     must store): it sizes the embedded SSD node's staging slots and the write-back ring, and is

@@ -1,7 +1,7 @@
 """Process entry: ``python -m hicache_umbp.serve <sglang server args>``.
 
 Exactly ``python -m sglang.launch_server <args>`` (same argument parsing, same server), with the
-UMBP host-allocator hook (:mod:`hicache_umbp.sglang_hook`) installed first.
+UMBP host-allocator hook (:mod:`hicache_umbp.sglang.hook`) installed first.
 
 The hook is installed at *import time* of this module, not in :func:`main`, on purpose: SGLang
 0.5.23 starts its scheduler, detokenizer and DP-controller processes with ``multiprocessing``
@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 
-from hicache_umbp import sglang_hook
+from hicache_umbp.sglang import hook as sglang_hook
 
 sglang_hook.install()
 

@@ -21,7 +21,7 @@ import yaml
 from .api.config import NodeFacts, OperatorConfig, OperatorConfigError, dump_schema
 from .api.crd import crd_yaml
 from .api.docs import render_api_doc
-from .planner import SpecError, plan, render_summary
+from .plan import SpecError, plan, render_summary
 
 EXTENSIONS = ("hicache_operator.run_cli",)
 

@@ -13,7 +13,7 @@ import random
 import threading
 from dataclasses import dataclass, field
 
-from hicache_umbp.store import UMBPStore
+from hicache_umbp.store.store import UMBPStore
 
 
 @dataclass

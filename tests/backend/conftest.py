@@ -61,7 +61,7 @@ class StandaloneServers:
         self._processes: list[subprocess.Popen[bytes]] = []
 
     def start(self, medium: str, umbp_env: dict[str, str], name: str = "") -> StandaloneServer:
-        from hicache_umbp.client import mori_loader_prefix, standalone_server_binary
+        from hicache_umbp.clients.factories import mori_loader_prefix, standalone_server_binary
 
         name = name or f"{medium}-{len(self.started)}"
         sock = str(self.workdir / f"{name}.sock")
@@ -84,7 +84,7 @@ class StandaloneServers:
         """Start the server again on the same socket with the same env (as Kubernetes restarts
         a crashed sidecar container); returns the seconds until the new process listens (its
         socket file replaced the stale one)."""
-        from hicache_umbp.client_guards import socket_identity
+        from hicache_umbp.clients.guards import socket_identity
 
         if server.process.poll() is None:
             self.kill(server)
@@ -104,7 +104,7 @@ class StandaloneServers:
 
     @staticmethod
     def _wait_listening(server: StandaloneServer, stale: object) -> None:
-        from hicache_umbp.client_guards import socket_identity
+        from hicache_umbp.clients.guards import socket_identity
 
         deadline = time.monotonic() + SERVER_START_TIMEOUT_S
         while socket_identity(server.socket_path) in (None, stale):

@@ -21,14 +21,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from hicache_umbp.client import OpenedClient
+from hicache_umbp.clients.factories import OpenedClient
 
 
 class Arena:
     """A memfd-backed buffer with its address and a numpy view (both venvs, no mori).
 
     The standalone server accepts only buffers mori's own allocator made: those subjects pass
-    ``HostArena`` (hicache_umbp.allocator, shared) instead."""
+    ``HostArena`` (hicache_umbp.hostmem.allocator, shared) instead."""
 
     def __init__(self, nbytes: int) -> None:
         self.nbytes = nbytes
@@ -45,10 +45,11 @@ class Arena:
 
 
 class HostArena:
-    """An :class:`Arena` from :class:`hicache_umbp.allocator.HostAllocator` (memfd-backed)."""
+    """An :class:`Arena` from :class:`hicache_umbp.hostmem.allocator.HostAllocator`
+    (memfd-backed)."""
 
     def __init__(self, nbytes: int) -> None:
-        from hicache_umbp.allocator import HostAllocator
+        from hicache_umbp.hostmem.allocator import HostAllocator
 
         self.nbytes = nbytes
         self._buf = HostAllocator(hugepage_bytes=0, shared=True, prefault=False).alloc(nbytes)

@@ -205,7 +205,7 @@ def spawn_probe(model_dir: str) -> dict[str, Any]:
     """Target of a spawned child (test_hook_sglang): report what the child saw first."""
     import sys
 
-    from hicache_umbp import sglang_hook
+    from hicache_umbp.sglang import hook as sglang_hook
 
     installed_first = sglang_hook.installed()
     from sglang.srt.mem_cache.pool_host.common import get_allocator_type

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 import torch
-from hicache_umbp.config import ConfigError
-from hicache_umbp.keys import parse_key
-from hicache_umbp.pages import host_buffer_ranges
-from hicache_umbp.sglang_adapter import UMBPHiCacheStorage
+from hicache_umbp.contract.settings import ConfigError
+from hicache_umbp.sglang.adapter import UMBPHiCacheStorage
+from hicache_umbp.sglang.host_pool import host_buffer_ranges
+from hicache_umbp.store.keys import parse_key
 
 from . import sglang_env as E
 from .conftest import StandaloneServers
@@ -101,7 +101,7 @@ def test_fp8_pools_are_told_apart_by_sglangs_kv_cache_dtype(
 ) -> None:
     """Real host pools: SGLang stores every fp8 KV cache as uint8 in the host pool, so the pool
     alone cannot tell e4m3 from e5m2; the server's --kv-cache-dtype completes the field."""
-    from hicache_umbp.sglang_adapter import page_format_of
+    from hicache_umbp.sglang.adapter import page_format_of
 
     host = E.host_pool(E.mha_device_pool(dtype=dtype))
     fmt = page_format_of(host, kv_cache_dtype)

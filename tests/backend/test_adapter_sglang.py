@@ -19,17 +19,17 @@ from typing import Any
 
 import pytest
 import torch
-from hicache_umbp.config import ConfigError, load_launch_config
-from hicache_umbp.keys import MHA_PARTS, KeyScheme, parse_key
+from hicache_umbp.contract.mori_env import standalone_server_env
+from hicache_umbp.contract.settings import ConfigError, load_launch_config
 from hicache_umbp.launch.command import store_extra_config
-from hicache_umbp.mori_env import standalone_server_env
-from hicache_umbp.sglang_adapter import (
+from hicache_umbp.sglang.adapter import (
     CLASS_NAME,
     MODULE_PATH,
     UMBPHiCacheStorage,
     dynamic_extra_config,
     use_client_opener,
 )
+from hicache_umbp.store.keys import MHA_PARTS, KeyScheme, parse_key
 from support.faults import FaultyClient, real_client_opener
 
 from . import sglang_env as E

@@ -13,7 +13,7 @@ import weakref
 
 import numpy as np
 import pytest
-from hicache_umbp.allocator import (
+from hicache_umbp.hostmem.allocator import (
     BASE_PAGE,
     GIB,
     MIB,
@@ -42,7 +42,7 @@ def mmap_alloc():  # type: ignore[no-untyped-def]
 
 def test_hugepage_request_reports_the_real_backing(mmap_alloc, caplog) -> None:  # type: ignore[no-untyped-def]
     alloc = mmap_alloc(hugepage_bytes=2 * MIB, prefault=True)
-    with caplog.at_level(logging.WARNING, logger="hicache_umbp.allocator"):
+    with caplog.at_level(logging.WARNING, logger="hicache_umbp.hostmem.allocator"):
         buf = alloc.alloc(SIZE)
     real_page = mapping_info(buf.ptr)["KernelPageSize"]
     assert buf.backing.page_bytes == real_page
@@ -161,7 +161,7 @@ def _map_past_eof(length: int) -> tuple[int, int]:
     what a hugepage shortage on one NUMA node looks like to a prefault thread)."""
     import os
 
-    from hicache_umbp import kernel_mem as A
+    from hicache_umbp.hostmem import kernel as A
 
     fd = os.memfd_create("past-eof", 0)
     os.ftruncate(fd, length // 2)
@@ -177,7 +177,7 @@ def test_a_prefault_failure_in_any_worker_is_raised(threads: int) -> None:
     and SGLang got a SIGBUS later."""
     import os
 
-    from hicache_umbp import kernel_mem as A
+    from hicache_umbp.hostmem import kernel as A
 
     length = 8 * MIB
     ptr, fd = _map_past_eof(length)
@@ -196,8 +196,8 @@ def test_numa_node_outside_the_containers_allowed_nodes_is_refused(
     saying the container may use node 1 only (this host has one NUMA node, so a cpuset that
     excludes an existing node cannot be made here). mbind would fail with EINVAL; the
     allocator refuses first, naming the node, the allowed ones and why."""
-    from hicache_umbp import allocator as A
-    from hicache_umbp import kernel_mem as K
+    from hicache_umbp.hostmem import allocator as A
+    from hicache_umbp.hostmem import kernel as K
 
     assert A.allowed_numa_nodes() == sorted(
         set(A.numa_nodes()) & set(K._parse_node_list(_status_field("Mems_allowed_list")))

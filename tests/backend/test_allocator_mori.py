@@ -11,9 +11,15 @@ import weakref
 
 import numpy as np
 import pytest
-from hicache_umbp.allocator import BASE_PAGE, MIB, HostAllocator, hugepages_free, mapping_info
-from hicache_umbp.client import make_standalone_client
-from hicache_umbp.mori_env import standalone_server_env
+from hicache_umbp.clients.factories import make_standalone_client
+from hicache_umbp.contract.mori_env import standalone_server_env
+from hicache_umbp.hostmem.allocator import (
+    BASE_PAGE,
+    MIB,
+    HostAllocator,
+    hugepages_free,
+    mapping_info,
+)
 
 from .conftest import StandaloneServers
 

@@ -1,13 +1,13 @@
 """What SGLang 0.5.23's built-in ``mori`` backend really does on amd-mori 1.2.4: measured facts.
 
-The operator's validation of ``spec.l3.backend: sglang-mori`` (hicache_umbp.config
+The operator's validation of ``spec.l3.backend: sglang-mori`` (hicache_umbp.contract.settings
 ``_builtin_rules``, planner) and the comparison in docs/architecture.md rest on these tests.
 
 Real: SGLang's ``UMBPStore`` and its own host allocator (``--hicache-storage-backend mori``),
 SGLang's host pools (MHA and MLA) and storage config, mori 1.2.4's clients, and
 ``umbp_standalone_server`` processes started with the env the operator renders for its sidecars
-(:func:`hicache_umbp.mori_env.standalone_server_env`). Nothing is faked; the model is a tiny
-config (no weights).
+(:func:`hicache_umbp.contract.mori_env.standalone_server_env`). Nothing is faked; the model is a
+tiny config (no weights).
 
 Its SSD and restart facts (no SSD byte in-process, a standalone SSD server needs staging slots
 for a whole batch, standalone DRAM serves the next engine) are pinned through SGLang's controller,
@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 import torch
-from hicache_umbp.mori_env import standalone_client_env, standalone_server_env
+from hicache_umbp.contract.mori_env import standalone_client_env, standalone_server_env
 
 from . import sglang_env as E
 

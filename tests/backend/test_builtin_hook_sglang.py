@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hicache_umbp import sglang_hook
+from hicache_umbp.sglang import hook as sglang_hook
 
 from . import sglang_env as E
 from .test_hook_sglang import numa_policy, smaps_entry

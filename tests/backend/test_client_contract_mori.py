@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hicache_umbp.client import (
+from hicache_umbp.clients.factories import (
     SSD_STAGING_SLOTS,
     OpenedClient,
     UMBPClientLike,
@@ -22,7 +22,7 @@ from hicache_umbp.client import (
     make_embedded_ssd_client,
     make_standalone_client,
 )
-from hicache_umbp.mori_env import standalone_server_env
+from hicache_umbp.contract.mori_env import standalone_server_env
 
 from .conftest import StandaloneServers
 from .contract import CHECKS, HostArena, Subject
@@ -207,8 +207,8 @@ def test_ssd_batch_past_the_staging_slots_fails_its_tail(tmp_path: Path) -> None
 def test_make_client_from_the_configuration(tmp_path: Path, standalone_servers) -> None:  # type: ignore[no-untyped-def]
     """The config-driven factory opens the real clients: embedded DRAM, embedded SSD (pages in
     <umbp_ssd_dir>/rank-0) and standalone (servers at <umbp_socket_dir>/<medium>.sock)."""
-    from hicache_umbp.client import configured_media, make_client
-    from hicache_umbp.config import load_store_config
+    from hicache_umbp.clients.factories import configured_media, make_client
+    from hicache_umbp.contract.settings import load_store_config
 
     embedded = load_store_config(
         {"umbp_dram_bytes": 16 * VALUE, "umbp_ssd_enabled": True,
@@ -247,7 +247,7 @@ def test_make_client_from_the_configuration(tmp_path: Path, standalone_servers) 
 
 
 def test_standalone_client_waits_then_names_the_socket(tmp_path: Path) -> None:
-    from hicache_umbp.client import StandaloneServerUnavailableError
+    from hicache_umbp.clients.factories import StandaloneServerUnavailableError
 
     with pytest.raises(StandaloneServerUnavailableError, match=r"dram server socket .*nope\.sock"):
         make_standalone_client(str(tmp_path / "nope.sock"), "dram", wait_s=0.2)
@@ -259,13 +259,13 @@ def test_ssd_read_lease_is_short_on_the_real_path(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from hicache_umbp.client import SSD_READ_LEASE_ENV, SSD_READ_LEASE_MS
+    from hicache_umbp.clients.factories import SSD_READ_LEASE_ENV, SSD_READ_LEASE_MS
 
     env = standalone_server_env("ssd", capacity_bytes=256 << 20, ssd_dir=str(tmp_path / "s"))
     assert env[SSD_READ_LEASE_ENV] == str(SSD_READ_LEASE_MS)
     code = (
         "import os, sys\n"
-        "from hicache_umbp.client import make_embedded_ssd_client, SSD_READ_LEASE_ENV\n"
+        "from hicache_umbp.clients.factories import make_embedded_ssd_client, SSD_READ_LEASE_ENV\n"
         "os.environ.pop(SSD_READ_LEASE_ENV, None)\n"
         f"c = make_embedded_ssd_client({str(tmp_path / 'e')!r}, 256 << 20)\n"
         "print(os.environ[SSD_READ_LEASE_ENV]); c.close()\n"

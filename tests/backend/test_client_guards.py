@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hicache_umbp.client_guards import ReconnectingClient, SerializedClient, socket_identity
+from hicache_umbp.clients.guards import ReconnectingClient, SerializedClient, socket_identity
 from support.memory_client import MemoryUMBPClient
 
 SIZE = 4096

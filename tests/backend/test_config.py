@@ -1,4 +1,4 @@
-"""Property-based tests of the env contract's parsers (``hicache_umbp.config``).
+"""Property-based tests of the env contract's parsers (``hicache_umbp.contract.settings``).
 
 Everything is real: the SETTINGS table, the parsers and renderers, ``load_store_config``.
 Properties: every accepted value of every setting round-trips through ``render_value`` /
@@ -12,7 +12,8 @@ import re
 from typing import Any
 
 import pytest
-from hicache_umbp.config import (
+from hicache_umbp.contract.parsing import parse_bool, parse_int
+from hicache_umbp.contract.settings import (
     BY_KEY,
     MAX_BYTES,
     SETTINGS,
@@ -24,7 +25,6 @@ from hicache_umbp.config import (
     render_env,
     render_value,
 )
-from hicache_umbp.parsing import parse_bool, parse_int
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hicache_umbp.mori_env import standalone_server_env
-from hicache_umbp.sglang_adapter import UMBPHiCacheStorage, dynamic_extra_config, use_client_opener
+from hicache_umbp.contract.mori_env import standalone_server_env
+from hicache_umbp.sglang.adapter import UMBPHiCacheStorage, dynamic_extra_config, use_client_opener
 from support.faults import FaultyClient, real_client_opener
 
 from . import sglang_env as E
@@ -109,7 +109,7 @@ def test_backup_then_prefetch_round_trips_byte_exact(
     assert backend.registered_pools[PoolName.KV] is stack.host  # v2 registration of the group
     assert stack.host.size == (E.HICACHE_SIZE_GB * 10**9 // stack.host.size_per_token
                                // E.PAGE + 1) * E.PAGE  # sized by --hicache-size
-    from hicache_umbp.sglang_hook import UMBPHostTensorAllocator
+    from hicache_umbp.sglang.hook import UMBPHostTensorAllocator
 
     assert isinstance(stack.host.allocator, UMBPHostTensorAllocator)
     n = 20  # > 16: an SSD batch to the node or a sidecar is split by its staging slots

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hicache_umbp import sglang_hook
-from hicache_umbp.allocator import HugepagesUnavailableError, hugepages_free
-from hicache_umbp.sglang_adapter import dynamic_extra_config
+from hicache_umbp.hostmem.allocator import HugepagesUnavailableError, hugepages_free
+from hicache_umbp.sglang import hook as sglang_hook
+from hicache_umbp.sglang.adapter import dynamic_extra_config
 
 from . import sglang_env as E
 
@@ -103,7 +103,7 @@ def test_hugepage_demotion_is_logged_flagged_and_reported(
     report = tmp_path / "launch-report.json"
     monkeypatch.setenv("HICACHE_REPORT_PATH", str(report))
     free = hugepages_free(2 * MIB)
-    with caplog.at_level(logging.INFO, logger="hicache_umbp.sglang_hook"):
+    with caplog.at_level(logging.INFO, logger="hicache_umbp.sglang.hook"):
         pool = build_pool(model_dir, "mha", host_hugepage_bytes=2 * MIB,
                           host_allow_4k_fallback=True, host_prefault=False)
     record = pool.allocator.allocations[-1]

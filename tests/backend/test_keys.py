@@ -4,7 +4,7 @@ field that changes a page's bytes. Everything here is real (no doubles)."""
 from __future__ import annotations
 
 import pytest
-from hicache_umbp.keys import (
+from hicache_umbp.store.keys import (
     MHA_PARTS,
     MLA_PARTS,
     SCHEME,

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hicache_umbp.client import make_standalone_client
-from hicache_umbp.keys import MHA_PARTS, KeyScheme, PageFormat
-from hicache_umbp.mori_env import standalone_server_env
-from hicache_umbp.store import UMBPStore
+from hicache_umbp.clients.factories import make_standalone_client
+from hicache_umbp.contract.mori_env import standalone_server_env
+from hicache_umbp.store.keys import MHA_PARTS, KeyScheme, PageFormat
+from hicache_umbp.store.store import UMBPStore
 
 from .conftest import StandaloneServers
 from .test_store_mori import Pool, hashes

@@ -1,4 +1,4 @@
-"""The store's check of the caller's pages (``hicache_umbp.page_input``): the flat fast path for
+"""The store's check of the caller's pages (``hicache_umbp.store.pages``): the flat fast path for
 well-formed batches and the page-by-page checks agree.
 
 Real: the store, the key scheme, the bytes (ctypes buffers). Faked: mori, replaced by the
@@ -10,8 +10,8 @@ from __future__ import annotations
 import enum
 
 import numpy as np
-from hicache_umbp.keys import MHA_PARTS
-from hicache_umbp.page_input import flatten_pages
+from hicache_umbp.store.keys import MHA_PARTS
+from hicache_umbp.store.pages import flatten_pages
 
 from .test_store import PAGE, Pages, hashes, make
 

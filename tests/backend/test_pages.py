@@ -1,4 +1,4 @@
-"""PointerPlan (hicache_umbp.pages) against page-meta functions with SGLang's semantics.
+"""PointerPlan (hicache_umbp.sglang.host_pool) against page-meta functions with SGLang's semantics.
 
 The functions below reproduce SGLang 0.5.23's ``get_page_buffer_meta`` pointer math for MHA
 page_first (K then V, one buffer) and a page order that is not affine; the ``sglang`` tier checks
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from hicache_umbp.pages import PointerPlan, host_buffer_ranges
+from hicache_umbp.sglang.host_pool import PointerPlan, host_buffer_ranges
 
 PAGE, PAGES, LAYERS, HEADS, DIM, ITEM = 4, 10, 2, 2, 8, 2
 BASE = 1 << 30

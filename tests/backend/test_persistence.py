@@ -1,4 +1,4 @@
-"""The per-mode warm-cache statement (``hicache_umbp.persistence``) the operator prints.
+"""The per-mode warm-cache statement (``hicache_umbp.contract.persistence``) the operator prints.
 
 Pure; each statement is measured on real mori by test_warm_cache_mori.py.
 """
@@ -6,7 +6,7 @@ Pure; each statement is measured on real mori by test_warm_cache_mori.py.
 from __future__ import annotations
 
 import pytest
-from hicache_umbp.persistence import warm_cache_survival
+from hicache_umbp.contract.persistence import warm_cache_survival
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""Rank position and DP-rank parsing (``hicache_umbp.ranks``), and the house rules around them.
+"""Rank position and DP-rank parsing (``hicache_umbp.sglang.ranks``), and the house rules around
+them.
 
 Everything is real: the module under test and the source files of the package (read as text /
 AST, so no sglang or torch is imported here).
@@ -12,8 +13,8 @@ from pathlib import Path
 
 import hicache_umbp
 import pytest
-from hicache_umbp.config import ConfigError
-from hicache_umbp.ranks import DP_RANK_ENV, RankPosition, parse_dp_rank_env, rank_position
+from hicache_umbp.contract.settings import ConfigError
+from hicache_umbp.sglang.ranks import DP_RANK_ENV, RankPosition, parse_dp_rank_env, rank_position
 
 PACKAGE = Path(hicache_umbp.__file__).parent
 
@@ -62,9 +63,9 @@ def test_adapter_and_hook_share_the_rank_module_instead_of_importing_each_other(
     """The hook used to import the adapter for the rank helpers while the adapter imports the
     hook (check_pool_allocator): a cycle. Both now take them from ``ranks``; the hook never
     imports the adapter."""
-    adapter, hook = _imports("sglang_adapter"), _imports("sglang_hook")
+    adapter, hook = _imports("sglang/adapter"), _imports("sglang/hook")
     assert "ranks" in adapter and "ranks" in hook
-    assert "sglang_adapter" not in hook
+    assert "adapter" not in hook
 
 
 def test_the_test_double_is_not_shipped_in_the_product_package() -> None:

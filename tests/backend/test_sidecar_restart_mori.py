@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from hicache_umbp.build import build_store
-from hicache_umbp.client_guards import ReconnectingClient, SerializedClient
-from hicache_umbp.config import load_store_config
-from hicache_umbp.keys import MHA_PARTS, KeyScheme
-from hicache_umbp.mori_env import standalone_server_env
-from hicache_umbp.store import UMBPStore
-from hicache_umbp.tiers import TieredClient
+from hicache_umbp.clients.guards import ReconnectingClient, SerializedClient
+from hicache_umbp.contract.mori_env import standalone_server_env
+from hicache_umbp.contract.settings import load_store_config
+from hicache_umbp.store.keys import MHA_PARTS, KeyScheme
+from hicache_umbp.store.store import UMBPStore
+from hicache_umbp.store.tiers import TieredClient
 
 from .conftest import StandaloneServer, StandaloneServers
 from .test_store_mori import PART, Pool, hashes

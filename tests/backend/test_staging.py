@@ -1,4 +1,4 @@
-"""Staging memory formulas (``hicache_umbp.staging``) the operator's planner imports.
+"""Staging memory formulas (``hicache_umbp.contract.staging``) the operator's planner imports.
 
 Pure arithmetic, checked against numbers measured on real mori 1.2.4 (noted per test).
 """
@@ -6,8 +6,8 @@ Pure arithmetic, checked against numbers measured on real mori 1.2.4 (noted per 
 from __future__ import annotations
 
 import pytest
-from hicache_umbp.config import GIB, MIB, ConfigError
-from hicache_umbp.staging import (
+from hicache_umbp.contract.settings import GIB, MIB, ConfigError
+from hicache_umbp.contract.staging import (
     SSD_STAGING_SLOTS,
     StagingMemory,
     sidecar_ssd_staging_bytes,

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-from hicache_umbp import standalone_reaper
-from hicache_umbp.mori_env import standalone_server_env
+from hicache_umbp.clients import reaper as standalone_reaper
+from hicache_umbp.contract.mori_env import standalone_server_env
 
 from .conftest import StandaloneServers
 
@@ -27,8 +27,8 @@ POOL = 32 * MIB  # 16 hugepages
 
 ENGINE = f"""
 import ctypes, os, signal, sys
-from hicache_umbp.allocator import HostAllocator
-from hicache_umbp.client import make_standalone_client
+from hicache_umbp.hostmem.allocator import HostAllocator
+from hicache_umbp.clients.factories import make_standalone_client
 allocator = HostAllocator(hugepage_bytes=2 << 20, numa_node=-1, prefault=True, shared=True)
 pool = allocator.alloc({POOL})
 args = sys.argv[1:]
@@ -82,7 +82,7 @@ def test_a_killed_engine_pins_its_pool_until_the_launcher_reaps_it(
     assert wait_free(reservation, before) == before
     assert all(not standalone_reaper.pending(path) for path, _ in servers)
     # the servers kept serving: the pages put by the dead engine are still there
-    from hicache_umbp.client import make_standalone_client
+    from hicache_umbp.clients.factories import make_standalone_client
 
     client = make_standalone_client(dram.socket_path, "dram").client
     assert client.batch_exists(["k"]) == [True]

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 from hicache_umbp.build import build_store
-from hicache_umbp.config import GIB, MIB, ConfigError, load_store_config
-from hicache_umbp.keys import MHA_PARTS, MLA_PARTS, KeyScheme
-from hicache_umbp.ratelimit import RateLimitedLog
-from hicache_umbp.staging import write_back_ring_keys
-from hicache_umbp.store import UMBPStore
+from hicache_umbp.contract.settings import GIB, MIB, ConfigError, load_store_config
+from hicache_umbp.contract.staging import write_back_ring_keys
+from hicache_umbp.store.keys import MHA_PARTS, MLA_PARTS, KeyScheme
+from hicache_umbp.store.ratelimit import RateLimitedLog
+from hicache_umbp.store.store import UMBPStore
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.memory_client import MemoryUMBPClient
@@ -167,7 +167,7 @@ def test_faults_become_false_pages_and_one_log_line(
     src = Pages(6, 2)
     hs = hashes(6)
     client.inject("batch_put_from_ptr", fault, times=5)  # type: ignore[arg-type]
-    with caplog.at_level(logging.WARNING, logger="hicache_umbp.store"):
+    with caplog.at_level(logging.WARNING, logger="hicache_umbp.store.store"):
         results = [store.batch_set(hs, src.ptrs()) for _ in range(5)]
     for r in results:
         assert isinstance(r, list) and len(r) == 6 and all(isinstance(b, bool) for b in r)
@@ -175,7 +175,7 @@ def test_faults_become_false_pages_and_one_log_line(
         assert results[0] == [False] * 6
     else:
         assert results == [[False] * 6] * 5
-    lines = [r for r in caplog.records if r.name == "hicache_umbp.store"]
+    lines = [r for r in caplog.records if r.name == "hicache_umbp.store.store"]
     assert len(lines) == 1, [r.getMessage() for r in lines]
     # The client is healthy again: the same pages go through.
     assert store.batch_set(hs, src.ptrs()) == [True] * 6

@@ -15,9 +15,9 @@ import threading
 from collections.abc import Sequence
 
 import pytest
-from hicache_umbp.keys import MHA_PARTS, KeyScheme
-from hicache_umbp.store import UMBPStore
-from hicache_umbp.tiers import TieredClient
+from hicache_umbp.store.keys import MHA_PARTS, KeyScheme
+from hicache_umbp.store.store import UMBPStore
+from hicache_umbp.store.tiers import TieredClient
 from support.memory_client import MemoryUMBPClient
 
 SIZE = 4096

@@ -15,16 +15,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 from hicache_umbp.build import build_store
-from hicache_umbp.client import (
+from hicache_umbp.clients.factories import (
     make_embedded_dram_client,
     make_embedded_ssd_client,
     make_standalone_client,
 )
-from hicache_umbp.config import ConfigError, load_store_config
-from hicache_umbp.keys import MHA_PARTS, MLA_PARTS, KeyScheme
-from hicache_umbp.mori_env import standalone_server_env
-from hicache_umbp.store import UMBPStore
-from hicache_umbp.tiers import MoriShmStaging, TieredClient
+from hicache_umbp.contract.mori_env import standalone_server_env
+from hicache_umbp.contract.settings import ConfigError, load_store_config
+from hicache_umbp.store.keys import MHA_PARTS, MLA_PARTS, KeyScheme
+from hicache_umbp.store.store import UMBPStore
+from hicache_umbp.store.tiers import MoriShmStaging, TieredClient
 
 from .conftest import StandaloneServers
 from .test_store_mori import PART, Pool, hashes
@@ -36,7 +36,7 @@ DRAM = 8 * MIB  # the DRAM tier
 PAGES = 64  # 64 pages x 2 parts x 256 KiB = 32 MiB: four times the DRAM tier
 BATCH = 4  # pages per batch_set (2 MiB)
 # More staging slots than keys per batch; the short read lease comes from the real path
-# (hicache_umbp.client.SSD_READ_LEASE_MS, standalone_server_env).
+# (hicache_umbp.clients.factories.SSD_READ_LEASE_MS, standalone_server_env).
 SSD_SLOTS = 64
 
 
@@ -280,7 +280,7 @@ def test_a_sidecar_with_8_mib_slots_stores_deepseek_r1_pages_in_smaller_batches(
     raw sidecar refuses the tail of a 16-part batch. The store sizes its SSD batches from the
     registered part size, so 16 pages reach the SSD and read back byte-exact. Before, it sent
     16 parts per call and the sidecar refused half of them (writeback_failed)."""
-    from hicache_umbp.allocator import HostAllocator
+    from hicache_umbp.hostmem.allocator import HostAllocator
 
     ssd_env = standalone_server_env("ssd", capacity_bytes=1024 * MIB, ssd_dir=str(tmp_path / "s"))
     standalone_servers.start("dram", standalone_server_env("dram", capacity_bytes=32 * MIB),

@@ -1,5 +1,5 @@
 """What survives a restart, measured on the REAL amd-mori 1.2.4 (the statements of
-``hicache_umbp.persistence`` and docs/operations.md "Warm cache across restarts").
+``hicache_umbp.contract.persistence`` and docs/operations.md "Warm cache across restarts").
 
 Real: every engine is a separate child process (scripts/mori-python's interpreter under the
 trixie loader) that builds the store from a configuration and writes or reads pages, then
@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hicache_umbp.mori_env import standalone_server_env
-from hicache_umbp.persistence import warm_cache_survival
+from hicache_umbp.contract.mori_env import standalone_server_env
+from hicache_umbp.contract.persistence import warm_cache_survival
 
 from .conftest import StandaloneServers
 
@@ -32,9 +32,9 @@ ENGINE = r"""
 import ctypes, json, sys
 import numpy as np
 from hicache_umbp.build import build_store
-from hicache_umbp.config import load_store_config
-from hicache_umbp.keys import MHA_PARTS, KeyScheme
-from hicache_umbp.tiers import MoriShmStaging, TieredClient
+from hicache_umbp.contract.settings import load_store_config
+from hicache_umbp.store.keys import MHA_PARTS, KeyScheme
+from hicache_umbp.store.tiers import MoriShmStaging, TieredClient
 
 extra, op, pages, part = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 store = build_store(load_store_config(extra, env={}).rank(0),

@@ -75,7 +75,7 @@ def _engine_crs() -> list[dict[str, Any]]:
 
 def test_generated_engine_pods_pass_checkov(tmp_path: Path) -> None:
     from hicache_operator.api.config import OperatorConfig
-    from hicache_operator.planner.plan import plan
+    from hicache_operator.plan.orchestrate import plan
 
     config = OperatorConfig.from_mapping(rendered_operator_config(), source="chart")
     files = []

@@ -15,7 +15,7 @@ import pytest
 import tomllib
 import yaml
 from chartkit import CHART, ROOT, checkov_failures, run, tool
-from hicache_umbp import versions
+from hicache_umbp.contract import versions
 
 pytestmark = pytest.mark.chart
 

@@ -40,8 +40,8 @@ def _ssd_host_path(path: str) -> dict[str, Any]:
 
 def _problems(cr: dict[str, Any], values: dict[str, Any] | None = None) -> list[tuple[str, str]]:
     from hicache_operator.api.config import OperatorConfig
+    from hicache_operator.plan.orchestrate import plan
     from hicache_operator.planner.errors import SpecError
-    from hicache_operator.planner.plan import plan
 
     config = OperatorConfig.from_mapping(rendered_operator_config(values), source="chart")
     try:
@@ -53,7 +53,7 @@ def _problems(cr: dict[str, Any], values: dict[str, Any] | None = None) -> list[
 
 def _pod(cr: dict[str, Any], values: dict[str, Any] | None = None) -> dict[str, Any]:
     from hicache_operator.api.config import OperatorConfig
-    from hicache_operator.planner.plan import plan
+    from hicache_operator.plan.orchestrate import plan
 
     config = OperatorConfig.from_mapping(rendered_operator_config(values), source="chart")
     sts = next(o for o in plan(cr, config).objects if o["kind"] == "StatefulSet")

@@ -15,7 +15,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-from hicache_umbp import versions
+from hicache_umbp.contract import versions
 
 pytestmark = pytest.mark.mori
 

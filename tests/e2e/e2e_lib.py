@@ -16,7 +16,7 @@ import yaml
 from emulator import CHART_CRD, EmulatorThread
 from emulator.store import ApiError
 from hicache_operator.api import OperatorConfig
-from hicache_operator.planner import plan
+from hicache_operator.plan import plan
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]

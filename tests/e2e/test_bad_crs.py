@@ -121,7 +121,7 @@ def test_planner_refuses_what_the_schema_lets_through_once(cluster: Cluster, ope
 def test_a_planner_bug_is_planning_failed_once_not_a_retry_loop(
         cluster: Cluster, operator: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Faked: a bug in the planner (an exception it was never meant to raise)."""
-    import hicache_operator.planner as planner
+    import hicache_operator.plan as planner
 
     real = planner.plan
 

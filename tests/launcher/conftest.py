@@ -1,7 +1,7 @@
 """Fixtures for the launcher tests: a fake node tree and the env the operator would render.
 
-Env is always built with :func:`hicache_umbp.config.render_env` from contract keys, so no test
-retypes a ``HICACHE_*`` name.
+Env is always built with :func:`hicache_umbp.contract.settings.render_env` from contract keys, so
+no test retypes a ``HICACHE_*`` name.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hicache_umbp.config import render_env
+from hicache_umbp.contract.settings import render_env
 
 from .fakenode import GIB, MIB, FakeNode
 

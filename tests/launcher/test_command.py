@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hicache_umbp.config import load_store_config
+from hicache_umbp.contract.settings import load_store_config
 from hicache_umbp.launch import LaunchError, NodeRoot, plan_launch
 from hicache_umbp.launch import __main__ as cli
 

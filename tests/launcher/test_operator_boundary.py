@@ -2,7 +2,7 @@
 puts on the engine container, fed to the launcher on a node that matches the pod, give a
 coherent SGLang command.
 
-Real: the operator's planner (``hicache_operator.planner.plan``) on examples/*.yaml, its
+Real: the operator's planner (``hicache_operator.plan.orchestrate``) on examples/*.yaml, its
 ConfigMap and StatefulSet, the launcher's CLI (``main --dry-run --json``) and every check it
 runs. Faked: the node (an MI355X sysfs tree whose GPU count, cgroup hugetlb limits and free
 hugepages are exactly what the pod requested), the standalone sidecars (listening UNIX
@@ -23,7 +23,7 @@ import pytest
 import yaml
 from hicache_operator.api.config import OperatorConfig
 from hicache_operator.api.quantity import parse_bytes
-from hicache_operator.planner.plan import plan
+from hicache_operator.plan.orchestrate import plan
 from hicache_umbp.launch import NodeRoot
 from hicache_umbp.launch import __main__ as cli
 from hicache_umbp.launch.command import ADAPTER_MODULE

@@ -11,7 +11,7 @@ import socket
 from collections.abc import Iterator
 
 import pytest
-from hicache_umbp.config import load_store_config, render_env
+from hicache_umbp.contract.settings import load_store_config, render_env
 from hicache_umbp.launch import LaunchError, NodeRoot, plan_launch
 from hicache_umbp.launch.standalone import socket_paths, wait_for_sidecars
 

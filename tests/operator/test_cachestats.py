@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+from hicache_operator.cachestats.observer import CacheObservation
 from hicache_operator.cachestats.scrape import (
     ScrapeError,
     fetch_page,
@@ -29,8 +30,7 @@ from hicache_operator.cachestats.sglang_metrics import (
     parse_pod,
     parse_samples,
 )
-from hicache_operator.controller.cache_observer import CacheObservation
-from hicache_operator.controller.cache_status import cache_block
+from hicache_operator.cachestats.status_block import cache_block
 
 pytestmark = pytest.mark.unit
 

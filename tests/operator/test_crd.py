@@ -15,7 +15,7 @@ import yaml
 from hicache_operator.api.config import OperatorConfig, operator_config_schema
 from hicache_operator.api.crd import crd_manifest, crd_yaml, openapi_schema
 from hicache_operator.api.docs import render_api_doc
-from hicache_operator.planner import SpecError, plan
+from hicache_operator.plan import SpecError, plan
 from shc_testlib import EXAMPLES, ROOT, apply_defaults, crd_cel_failures, load_example
 
 CRD_PATH = ROOT / "charts/sglang-hicache-operator/crds/sglanghicaches.yaml"

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from hicache_operator.api.config import AdminPolicy, OperatorConfig
-from hicache_operator.planner import plan
+from hicache_operator.plan import plan
 from shc_testlib import EXAMPLES, load_example, validate_k8s
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"

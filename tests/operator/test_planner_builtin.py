@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 from hicache_operator.api.config import OperatorConfig
-from hicache_operator.planner import SpecError, plan
-from hicache_umbp.config import load_launch_config
+from hicache_operator.plan import SpecError, plan
+from hicache_umbp.contract.settings import load_launch_config
 from shc_testlib import all_containers, load_example
 
 CONFIG = OperatorConfig()

@@ -7,7 +7,7 @@ import copy
 
 import pytest
 from hicache_operator.api.config import OperatorConfig
-from hicache_operator.planner import SpecError, plan
+from hicache_operator.plan import SpecError, plan
 from shc_testlib import load_example
 
 

@@ -24,13 +24,13 @@ from typing import Any
 import numpy as np
 import pytest
 from hicache_operator.api.config import OperatorConfig
-from hicache_operator.planner import plan
+from hicache_operator.plan import plan
 from hicache_umbp.build import build_store
-from hicache_umbp.client import mori_loader_prefix, standalone_server_binary
-from hicache_umbp.config import BY_KEY, load_store_config
-from hicache_umbp.keys import MLA_PARTS, KeyScheme
-from hicache_umbp.staging import MoriShmStaging
-from hicache_umbp.tiers import TieredClient
+from hicache_umbp.clients.factories import mori_loader_prefix, standalone_server_binary
+from hicache_umbp.contract.settings import BY_KEY, load_store_config
+from hicache_umbp.contract.staging import MoriShmStaging
+from hicache_umbp.store.keys import MLA_PARTS, KeyScheme
+from hicache_umbp.store.tiers import TieredClient
 
 pytestmark = pytest.mark.mori
 

@@ -15,16 +15,16 @@ from typing import Any
 
 import pytest
 from hicache_operator.api.config import OperatorConfig
-from hicache_operator.planner import Plan, SpecError, plan
+from hicache_operator.plan import Plan, SpecError, plan
+from hicache_operator.plan.summary import render_summary
 from hicache_operator.planner.engine import attention_tp_size, check_parallelism, contract_values
 from hicache_operator.planner.errors import Problems
 from hicache_operator.planner.sizing import page_geometry, size_pod
 from hicache_operator.planner.ssd import plan_ssd
-from hicache_operator.planner.summary import render_summary
 from hicache_operator.planner.validate import parse_cr
 from hicache_umbp.build import page_size_problems
-from hicache_umbp.config import BY_KEY, load_launch_config, render_env
-from hicache_umbp.staging import SSD_STAGING_SLOTS, ssd_keys_per_call
+from hicache_umbp.contract.settings import BY_KEY, load_launch_config, render_env
+from hicache_umbp.contract.staging import SSD_STAGING_SLOTS, ssd_keys_per_call
 from shc_testlib import all_containers, load_example
 
 GI = 1024**3

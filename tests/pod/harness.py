@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @dataclass
 class PlannedPod:
     cr: dict[str, Any]
-    plan: Any  # hicache_operator.planner.plan.Plan
+    plan: Any  # hicache_operator.plan.orchestrate.Plan
     statefulset: dict[str, Any]
     configmaps: dict[str, dict[str, str]]
 
@@ -49,7 +49,7 @@ def load_cr(name: str, **overrides: Any) -> dict[str, Any]:
 
 def plan_pod(cr: dict[str, Any]) -> PlannedPod:
     from hicache_operator.api.config import OperatorConfig
-    from hicache_operator.planner import plan
+    from hicache_operator.plan import plan
 
     p = plan(cr, OperatorConfig())
     by_kind: dict[str, list[dict[str, Any]]] = {}
@@ -80,7 +80,7 @@ def pod_of(sts: dict[str, Any], ordinal: int = 0) -> tuple[PodMeta, dict[str, An
 def make_image(workdir: Path) -> Image:
     """The engine image on this machine: ``python`` is the engine environment's interpreter,
     ``umbp_standalone_server`` mori's binary under the environment's loader."""
-    from hicache_umbp.client import mori_loader_prefix, standalone_server_binary
+    from hicache_umbp.clients.factories import mori_loader_prefix, standalone_server_binary
 
     bin_dir = workdir / "image-bin"
     bin_dir.mkdir(parents=True, exist_ok=True)

@@ -112,7 +112,7 @@ def real_client_opener(
     """An adapter client opener (``use_client_opener``) that opens the REAL mori client the
     rank's configuration asks for (one medium: the DRAM tier, embedded or standalone) and
     wraps it in a :class:`FaultyClient`; each one is appended to ``made``."""
-    from hicache_umbp.client import configured_media, make_client
+    from hicache_umbp.clients.factories import configured_media, make_client
 
     def opener(rank_config: Any) -> FaultyClient:
         media = configured_media(rank_config)

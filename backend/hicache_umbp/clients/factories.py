@@ -25,7 +25,7 @@ tests/backend/test_client_contract_mori.py):
   value size and keep batches <= ``slots`` keys.
 * **Standalone**: ``umbp_standalone_server unix:<path>`` (started under the trixie loader, see
   :func:`mori_loader_prefix`) serves one medium configured by ``UMBP_*`` env
-  (:func:`hicache_umbp.mori_env.standalone_server_env`); a client sets
+  (:func:`hicache_umbp.contract.mori_env.standalone_server_env`); a client sets
   ``standalone_process.address``. Only registered, memfd-backed buffers work
   (``UMBPHostBufferBacking.AnonymousShm``): a put from unregistered memory returns False.
   An SSD server refuses to start with ``UMBP_DRAM_CAPACITY`` 0 and stages puts in that DRAM,
@@ -49,14 +49,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from . import standalone_reaper
-from .client_guards import ReconnectingClient, SerializedClient
-from .config import SSD_SLOT_BYTES_DEFAULT, ConfigError, Medium
-from .staging import SSD_STAGING_SLOTS as SSD_STAGING_SLOTS  # re-exported (operator imports it)
-from .staging import ssd_keys_per_call
+from ..contract.settings import SSD_SLOT_BYTES_DEFAULT, ConfigError, Medium
+from ..contract.staging import (
+    SSD_STAGING_SLOTS as SSD_STAGING_SLOTS,  # re-exported (operator imports it)
+)
+from ..contract.staging import ssd_keys_per_call
+from . import reaper
+from .guards import ReconnectingClient, SerializedClient
 
 if TYPE_CHECKING:
-    from .config import RankConfig
+    from ..contract.settings import RankConfig
 
 log = logging.getLogger(__name__)
 
@@ -393,11 +395,12 @@ def make_standalone_client(
     """A client of the ``umbp_standalone_server`` listening on ``unix:<socket_path>``.
 
     Waits up to ``wait_s`` for the socket to appear (the sidecar may start after the engine).
-    Buffers given to it must be registered and memfd-backed (see :mod:`hicache_umbp.allocator`).
-    The client reconnects (and registers its buffers again) when the server is restarted
-    (:class:`~hicache_umbp.client_guards.ReconnectingClient`). For ``medium == "ssd"`` the
-    server was started with ``slot_bytes`` staging slots (``umbp_ssd_slot_bytes``): a batch
-    holds at most :func:`~hicache_umbp.staging.ssd_keys_per_call` values of ``value_bytes``
+    Buffers given to it must be registered and memfd-backed (see
+    :mod:`hicache_umbp.hostmem.allocator`). The client reconnects (and registers its buffers again)
+    when the server is restarted (:class:`~hicache_umbp.clients.guards.ReconnectingClient`). For
+    ``medium == "ssd"`` the server was started with ``slot_bytes`` staging slots
+    (``umbp_ssd_slot_bytes``): a batch holds at most
+    :func:`~hicache_umbp.contract.staging.ssd_keys_per_call` values of ``value_bytes``
     (``max_batch_keys`` overrides it), and calls are serialized.
     """
     deadline = time.monotonic() + max(0.0, wait_s)
@@ -432,9 +435,9 @@ def make_standalone_client(
     def ledger(registered: bool) -> None:
         pid = os.getpid()
         if registered:
-            standalone_reaper.record(socket_path, pid, standalone_clients_opened())
+            reaper.record(socket_path, pid, standalone_clients_opened())
         else:
-            standalone_reaper.forget(socket_path, pid)
+            reaper.forget(socket_path, pid)
 
     reconnecting = ReconnectingClient(
         socket_path, connect, first_client=first, description=description, ledger=ledger

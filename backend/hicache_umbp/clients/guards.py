@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .ratelimit import RateLimitedLog
+from ..store.ratelimit import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ class ReconnectingClient:
     ) -> None:
         self.socket_path = socket_path
         # ledger(True) after a registration the server holds, ledger(False) once none is left
-        # (hicache_umbp.standalone_reaper: what a crashed process leaves mapped is released).
+        # (hicache_umbp.clients.reaper: what a crashed process leaves mapped is released).
         self._ledger = ledger
         self._connect = connect
         self._identity = socket_identity(socket_path)

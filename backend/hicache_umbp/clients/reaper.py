@@ -112,7 +112,7 @@ def deregister_client(socket_path: str, client_id: str, *, timeout_s: float = 5.
 def around_builtin_registration(original: Callable[..., Any], store: Any, *args: Any,
                                 **kwargs: Any) -> Any:
     """Ledger entry for SGLang's built-in ``mori`` backend (an AROUND hook on its
-    ``UMBPStore.register_mem_pool_host``, installed by :mod:`hicache_umbp.sglang_hook`).
+    ``UMBPStore.register_mem_pool_host``, installed by :mod:`hicache_umbp.sglang.hook`).
 
     That store registers the host pool with the standalone DRAM sidecar the same way and leaks
     it the same way when its process dies (measured in the pod tier); it opens one mori client

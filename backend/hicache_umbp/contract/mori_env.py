@@ -7,7 +7,7 @@ the sidecar containers, and the tests start real servers with them. Measured on 
 
 from __future__ import annotations
 
-from .config import SSD_SLOT_BYTES_DEFAULT, ConfigError, Medium
+from .settings import SSD_SLOT_BYTES_DEFAULT, ConfigError, Medium
 
 # mori's variables for a client of a standalone server (UMBPConfig.from_environment and SGLang's
 # built-in backend read them): the server address (``unix:<socket>``), and whether the client
@@ -104,6 +104,6 @@ def standalone_server_env(
         "UMBP_DISTRIBUTED_SSD_STAGING_BUFFER_SIZE": str(staging),
         "UMBP_DRAM_CAPACITY": str(staging),
         # The server copies reads out of its staging slots inside the call; the ~3 s default
-        # lease would stall every read batch after the first (hicache_umbp.client).
+        # lease would stall every read batch after the first (hicache_umbp.clients.factories).
         "UMBP_SSD_READ_LEASE_MS": "1",
     }

@@ -1,4 +1,4 @@
-"""Strict value parsers of the env contract (:mod:`hicache_umbp.config`).
+"""Strict value parsers of the env contract (:mod:`hicache_umbp.contract.settings`).
 
 Each parser takes the name to blame (an extra-config key or an environment variable) and raises a
 ``ValueError`` naming it; nothing is ever guessed: ``"false"`` is not true, ``"10Gi"`` is not a

@@ -62,7 +62,7 @@ MAX_NUMA_NODE = 1023
 SSD_SLOT_BYTES_DEFAULT = 8 * MIB
 
 #: The L3 backends the launcher can start. ``umbp``: ours (``--hicache-storage-backend dynamic``
-#: with :mod:`hicache_umbp.sglang_adapter`). ``sglang-mori``: SGLang 0.5.23's built-in ``mori``
+#: with :mod:`hicache_umbp.sglang.adapter`). ``sglang-mori``: SGLang 0.5.23's built-in ``mori``
 #: backend (``--hicache-storage-backend mori``, ``storage/umbp/umbp_store.py``), which reads the
 #: ``SGLANG_HICACHE_HOST_*`` variables below and mori's own ``UMBP_*`` (:mod:`.mori_env`).
 L3_BACKENDS = ("umbp", "sglang-mori")
@@ -103,7 +103,7 @@ SGLANG_EXTRA_CONFIG_KEYS = frozenset(
         "allocator",
         "file_storage_path",
         # SGLang's SiMM backend prefixes its keys with it; we put it into our key scheme
-        # (hicache_umbp.keys), so two tags never share pages.
+        # (hicache_umbp.store.keys), so two tags never share pages.
         "extra_backend_tag",
     }
 )

@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .config import BY_KEY, ConfigError
+from .settings import BY_KEY, ConfigError
 
 #: Staging slots of mori's SSD node per put batch (its ``ssd_staging_buffer_slots`` default).
 SSD_STAGING_SLOTS = 16
@@ -109,7 +109,8 @@ def ssd_keys_per_call(
 def sidecar_ssd_staging_bytes(slot_bytes: int, staging_slots: int = SSD_STAGING_SLOTS) -> int:
     """Staging memory of one umbp-ssd sidecar: ``staging_slots x slot_bytes``, which mori takes
     from the sidecar's DRAM pool (``UMBP_DRAM_CAPACITY``, see
-    :func:`hicache_umbp.mori_env.standalone_server_env`); ``slot_bytes`` >= the page part."""
+    :func:`hicache_umbp.contract.mori_env.standalone_server_env`); ``slot_bytes`` >= the page
+    part."""
     if slot_bytes < 1 or staging_slots < 1:
         raise ValueError("slot_bytes and staging_slots must be >= 1")
     return staging_slots * slot_bytes
@@ -151,7 +152,7 @@ class MoriShmStaging:
     """
 
     def __init__(self, size: int) -> None:
-        from .client import import_umbp
+        from ..clients.factories import import_umbp
 
         umbp = import_umbp()
         self._allocator = umbp.UMBPHostMemAllocator()

@@ -37,8 +37,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-# The kernel-facing helpers live in hicache_umbp.kernel_mem; the public ones are re-exported.
-from .kernel_mem import (
+# The kernel-facing helpers live in hicache_umbp.hostmem.kernel; the public ones are re-exported.
+from .kernel import (
     BASE_PAGE,
     GIB,
     KIB,

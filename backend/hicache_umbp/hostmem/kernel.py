@@ -3,7 +3,7 @@ a mapping (``/proc/self/smaps``), the hugepage pool, and the raw calls the alloc
 (``mmap``/``memfd_create`` with hugepages, ``mbind``, ``madvise``, parallel prefault) through
 ctypes, which releases the GIL around each call so prefault threads really run in parallel.
 
-No mori, no torch: :mod:`hicache_umbp.allocator` builds buffers from these.
+No mori, no torch: :mod:`hicache_umbp.hostmem.allocator` builds buffers from these.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from ..config import BY_KEY
+from ..contract.settings import BY_KEY
 from .command import shell_quote
 from .errors import LaunchError
 from .noderoot import NodeRoot

@@ -13,11 +13,12 @@ umbp_store.py``) per rank and, for the host pool, SGLang's own ``UMBPHostTensorA
   - ``dram_capacity_bytes`` (embedded): the DRAM tier of ONE ``UMBPStore`` = one rank, a single
     integer for every rank (there is no per-rank form).
 
-* the host allocator's process-wide env (``hicache_umbp.config.SGLANG_HOST_*``): hugepages on or
+* the host allocator's process-wide env (``hicache_umbp.contract.settings.SGLANG_HOST_*``):
+  hugepages on or
   off, their size, prefault, and ``SGLANG_HICACHE_HOST_NUMA_NODE``, which SGLang parses with
   ``int()``: one node for the process, never a list. Every scheduler of the pod inherits the same
   environment, so it is rendered only when all ranks share one node; the per-rank nodes stay in
-  ``HICACHE_HOST_NUMA`` and ``hicache_umbp.sglang_hook`` sets each scheduler's own value before
+  ``HICACHE_HOST_NUMA`` and ``hicache_umbp.sglang.hook`` sets each scheduler's own value before
   SGLang's allocator reads it.
 * standalone mode: ``UMBP_STANDALONE_ADDRESS`` in the environment (the allocator picks memfd
   backing from it before the extra-config is parsed, and ``UMBPStore`` refuses the address in the
@@ -32,8 +33,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..client import standalone_socket_path
-from ..config import (
+from ..clients.factories import standalone_socket_path
+from ..contract.mori_env import DRAM_NUMA_NODE, dram_tier_env, standalone_client_env
+from ..contract.settings import (
     BY_KEY,
     SGLANG_HOST_HUGEPAGE,
     SGLANG_HOST_HUGEPAGE_SIZE,
@@ -42,7 +44,6 @@ from ..config import (
     LaunchConfig,
     parse_value,
 )
-from ..mori_env import DRAM_NUMA_NODE, dram_tier_env, standalone_client_env
 from .errors import LaunchError
 
 BACKEND_FLAG_VALUE = "mori"

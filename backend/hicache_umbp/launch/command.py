@@ -27,11 +27,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import BUILTIN_BACKEND, BY_KEY, STORE_KEYS, LaunchConfig, render_env
+from ..contract.settings import BUILTIN_BACKEND, BY_KEY, STORE_KEYS, LaunchConfig, render_env
 from .builtin import BACKEND_FLAG_VALUE, builtin_env, builtin_extra_config
 from .errors import LaunchError
 
-# The adapter's own constants (hicache_umbp.sglang_adapter BACKEND_NAME, MODULE_PATH,
+# The adapter's own constants (hicache_umbp.sglang.adapter BACKEND_NAME, MODULE_PATH,
 # CLASS_NAME) cannot be imported here: that module imports torch and sglang. The sglang test
 # tier (tests/launcher/test_launch_sglang.py) asserts these equal them.
 SERVE_MODULE = "hicache_umbp.serve"

@@ -21,16 +21,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..config import BY_KEY, LaunchConfig
-from .errors import LaunchError
-from .noderoot import NodeRoot
-from .units import (
+from ..contract.settings import BY_KEY, LaunchConfig
+from ..contract.units import (
     ceil_div,
     cgroup_size_name,
     fmt_bytes,
     k8s_hugepage_resource,
     page_size_name,
 )
+from .errors import LaunchError
+from .noderoot import NodeRoot
 
 # cgroup v1 writes "no limit" as PAGE_COUNTER_MAX * page size: about 2**63.
 _V1_UNLIMITED = 1 << 62

@@ -13,7 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import BY_KEY, ConfigError, LaunchConfig, load_launch_config
+from ..contract.settings import BY_KEY, ConfigError, LaunchConfig, load_launch_config
+from ..contract.units import fmt_bytes
 from .command import Command, expected_ranks, render_command, shell_quote
 from .errors import LaunchError
 from .gpus import numa_per_rank, probe_gpus
@@ -22,7 +23,6 @@ from .noderoot import NodeRoot
 from .report import new_report
 from .ssd import IoUringProbe, io_uring_syscall_probe, prepare_ssd
 from .standalone import release_dead_registrations, wait_for_sidecars
-from .units import fmt_bytes
 
 log = logging.getLogger("hicache_umbp.launch")
 

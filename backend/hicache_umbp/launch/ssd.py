@@ -20,10 +20,10 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..config import BY_KEY, LaunchConfig
+from ..contract.settings import BY_KEY, LaunchConfig
+from ..contract.units import fmt_bytes
 from .errors import LaunchError
 from .noderoot import NodeRoot
-from .units import fmt_bytes
 
 IoUringProbe = Callable[[], "str | None"]
 

@@ -1,6 +1,6 @@
 """Standalone mode: wait until the ``umbp_standalone_server`` sidecars accept connections, then
 release what a previous engine process of this pod left registered with them
-(:mod:`hicache_umbp.standalone_reaper`: mori keeps a dead client's host pool mapped, and with
+(:mod:`hicache_umbp.clients.reaper`: mori keeps a dead client's host pool mapped, and with
 it the pod's hugepages, until the sidecar exits).
 
 Each sidecar serves one medium at ``unix:<socket_dir>/<medium>.sock`` (``dram``, plus ``ssd``
@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .. import standalone_reaper
-from ..client import standalone_socket_path
-from ..config import BY_KEY, Medium, StoreConfig
+from ..clients import reaper
+from ..clients.factories import standalone_socket_path
+from ..contract.settings import BY_KEY, Medium, StoreConfig
 from .errors import LaunchError
 from .noderoot import NodeRoot
 
@@ -34,13 +34,14 @@ _POLL_MAX_S = 1.0
 
 def media(store: StoreConfig) -> tuple[Medium, ...]:
     """The media the sidecars serve: DRAM always, SSD when the SSD tier is enabled (as
-    :func:`hicache_umbp.client.configured_media` opens them)."""
+    :func:`hicache_umbp.clients.factories.configured_media` opens them)."""
     return ("dram", "ssd") if store.umbp_ssd_enabled else ("dram",)
 
 
 def socket_paths(store: StoreConfig) -> tuple[str, ...]:
     """Every node path that must accept a connection before SGLang starts: the path the store
-    connects to (:func:`hicache_umbp.client.standalone_socket_path`) and its fd socket."""
+    connects to (:func:`hicache_umbp.clients.factories.standalone_socket_path`) and its fd
+    socket."""
     out: list[str] = []
     for m in media(store):
         base = standalone_socket_path(store.umbp_socket_dir, m)
@@ -122,11 +123,11 @@ def release_dead_registrations(
         path = str(root.path(standalone_socket_path(store.umbp_socket_dir, m)))
         if dry_run:
             out += [{"medium": m, "pid": pid, "clients": opened, "released": False}
-                    for _, pid, opened in standalone_reaper.pending(path)]
+                    for _, pid, opened in reaper.pending(path)]
             continue
         try:
-            reaped = standalone_reaper.reap(path)
-        except standalone_reaper.ReapError as e:
+            reaped = reaper.reap(path)
+        except reaper.ReapError as e:
             raise LaunchError(
                 "StandaloneServerUnavailable",
                 f"the umbp-{m} sidecar did not release the host pool a previous engine "

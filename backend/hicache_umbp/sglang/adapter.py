@@ -1,5 +1,5 @@
 """SGLang 0.5.23 HiCache L3 storage backend over the UMBP page store (the only module of the
-backend, with :mod:`hicache_umbp.sglang_hook`, that imports sglang or torch).
+backend, with :mod:`hicache_umbp.sglang.hook`, that imports sglang or torch).
 
 Loading into stock SGLang (no file of SGLang is changed)::
 
@@ -11,7 +11,7 @@ Loading into stock SGLang (no file of SGLang is changed)::
             "interface_v1": 1, "umbp_dram_bytes": 68719476736, "umbp_namespace": "ns/name"}'
 
 ``python -m hicache_umbp.serve`` is ``python -m sglang.launch_server`` plus the host-allocator
-hook (:mod:`hicache_umbp.sglang_hook`); the adapter itself also loads under plain
+hook (:mod:`hicache_umbp.sglang.hook`); the adapter itself also loads under plain
 ``sglang.launch_server``, only with SGLang's default host allocator. ``interface_v1: 1`` selects
 SGLang's zero-copy path (:meth:`batch_get_v1` / :meth:`batch_set_v1` on host-pool pointers);
 without it SGLang uses the per-page legacy ``batch_get``/``batch_set`` with tensor copies, which
@@ -23,12 +23,12 @@ cache controller's prefetch and backup threads call ``batch_exists``, ``batch_ge
 ``batch_set_v1`` with at most 128 pages (64-hex SHA-256 chain hashes) per call.
 
 Configuration: the extra-config JSON over ``HICACHE_*`` environment variables over defaults,
-parsed by :func:`hicache_umbp.config.load_store_config` (SGLang's own keys are accepted, any other
-unknown key is an error). The per-rank index is ``(dp_rank * pp_size + pp_rank) * tp_size +
-tp_rank`` with the attention TP group under DP attention, where ``dp_rank`` is ``SGLANG_DP_RANK``
+parsed by :func:`hicache_umbp.contract.settings.load_store_config` (SGLang's own keys are accepted,
+any other unknown key is an error). The per-rank index is ``(dp_rank * pp_size + pp_rank) * tp_size
++ tp_rank`` with the attention TP group under DP attention, where ``dp_rank`` is ``SGLANG_DP_RANK``
 when the launcher set it, else SGLang's attention DP rank.
 
-Keys (:class:`hicache_umbp.keys.KeyScheme`): MHA pages are keyed per attention-TP rank and TP
+Keys (:class:`hicache_umbp.store.keys.KeyScheme`): MHA pages are keyed per attention-TP rank and TP
 size (a rank holds a head slice; DP replicas of the same slice share keys), MLA pages are
 replicated across ranks and keyed with rank 0 of tp 1 (one writer, every rank reads). Pipeline
 and context parallel shards are folded into the model field. Split heads (``tp_lcm_size``):
@@ -57,19 +57,19 @@ from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorageExtraInfo,
 )
 
-from .build import build_store
-from .client import UMBPClientLike
-from .config import ConfigError, RankConfig, StoreConfig, load_store_config
-from .keys import MHA_PARTS, MLA_PARTS, KeyScheme, PageFormat
-from .pages import PointerPlan, host_buffer_ranges, page_format_of
+from ..build import build_store
+from ..clients.factories import UMBPClientLike
+from ..contract.settings import ConfigError, RankConfig, StoreConfig, load_store_config
+from ..store.keys import MHA_PARTS, MLA_PARTS, KeyScheme, PageFormat
+from ..store.ratelimit import RateLimitedLog
+from ..store.store import PagePointers, UMBPStore
+from .host_pool import PointerPlan, host_buffer_ranges, page_format_of
 from .ranks import RankPosition, rank_position
-from .ratelimit import RateLimitedLog
-from .store import PagePointers, UMBPStore
 
 log = logging.getLogger(__name__)
 
 BACKEND_NAME = "umbp"
-MODULE_PATH = __name__
+MODULE_PATH = "hicache_umbp.sglang_adapter"  # the public load path (the alias module)
 CLASS_NAME = "UMBPHiCacheStorage"
 SUPPORTED_LAYOUTS = ("page_first", "page_first_direct", "page_head")
 
@@ -292,9 +292,9 @@ class UMBPHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # sglang is unt
         )
         if self._plan is None:
             log.info("UMBPHiCacheStorage: per-batch get_page_buffer_meta (no linear plan)")
-        from . import sglang_hook
+        from . import hook
 
-        sglang_hook.check_pool_allocator(mem_pool_host, self.config)
+        hook.check_pool_allocator(mem_pool_host, self.config)
         # The real page part size sizes the SSD staging slots and the write-back ring, and the
         # pool's format is part of every key; sizes no tier can hold fail here, once.
         self.value_bytes = max(self._part_sizes(mem_pool_host))

@@ -3,14 +3,14 @@
 Why a hook: with ``--hicache-storage-backend dynamic`` SGLang builds every host KV pool with
 ``pool_host.common.get_allocator_from_storage("dynamic")``, which only knows SGLang's built-in
 backends and returns the default ``HostTensorAllocator`` (4 KiB anonymous mmap). The allocator
-of :mod:`hicache_umbp.allocator` would be silently unused.
+of :mod:`hicache_umbp.hostmem.allocator` would be silently unused.
 
 Mechanism (no file of SGLang is changed): SGLang's own plugin hook registry
 (``sglang.srt.plugins.hook_registry.HookRegistry``) wraps ``get_allocator_from_storage`` with an
 AROUND hook and propagates the wrapper into every module that imported the function by name
 (``pool_host.base``, ``pool_host.mha``, ``memory_pool_host``). The wrapper returns
 :class:`UMBPHostTensorAllocator` only when the dynamic backend is ours (the extra-config's
-``module_path`` is :mod:`hicache_umbp.sglang_adapter`); every other backend keeps SGLang's choice.
+``module_path`` is :mod:`hicache_umbp.sglang.adapter`); every other backend keeps SGLang's choice.
 For SGLang's built-in ``mori`` backend it keeps SGLang's allocator but first sets this scheduler's
 own NUMA node in the one process-wide variable that allocator reads
 (:func:`hicache_umbp.launch.builtin.scheduler_numa_env`).
@@ -25,8 +25,8 @@ process, at any depth, installs the hook before its scheduler exists: no ``.pth`
 scheduler, can call :func:`plugin` as a second route; see docs.)
 
 Fail loudly: :func:`install` refuses any SGLang other than
-:data:`hicache_umbp.versions.SGLANG_VERSION`, and verifies that every module that must see the
-wrapper does; :func:`check_pool_allocator` (called by the adapter on ``register_mem_pool_host``)
+:data:`hicache_umbp.contract.versions.SGLANG_VERSION`, and verifies that every module that must see
+the wrapper does; :func:`check_pool_allocator` (called by the adapter on ``register_mem_pool_host``)
 raises when the hook is installed but the pool was built by another allocator.
 
 Hugepage demotion (the kernel had no hugepages, the allocator fell back to 4 KiB pages) is
@@ -50,8 +50,8 @@ from typing import Any
 
 import torch
 
-from .config import BY_KEY, ConfigError, StoreConfig, load_store_config
-from .versions import SGLANG_VERSION
+from ..contract.settings import BY_KEY, ConfigError, StoreConfig, load_store_config
+from ..contract.versions import SGLANG_VERSION
 
 log = logging.getLogger(__name__)
 
@@ -114,14 +114,14 @@ def install() -> None:
             raise RuntimeError(
                 f"hicache_umbp's host-allocator hook supports SGLang {SGLANG_VERSION}, found "
                 f"{version}: re-verify get_allocator_from_storage and the host pool modules "
-                f"({', '.join(BINDING_MODULES)}) before changing hicache_umbp.versions"
+                f"({', '.join(BINDING_MODULES)}) before changing hicache_umbp.contract.versions"
             )
         import importlib
 
         modules = [importlib.import_module(m) for m in BINDING_MODULES]
         HookRegistry.register(TARGET, _around_get_allocator, HookType.AROUND)
         HookRegistry.register(BUDGET_TARGET, _around_allocate_host_buffer, HookType.AROUND)
-        from .standalone_reaper import around_builtin_registration
+        from ..clients.reaper import around_builtin_registration
 
         HookRegistry.register(BUILTIN_REGISTRATION_TARGET, around_builtin_registration,
                               HookType.AROUND)
@@ -212,7 +212,7 @@ def _around_allocate_host_buffer(original: Callable[..., Any], pool: Any, *a: An
         log.warning("hicache_umbp: %s; host_allow_4k_fallback: SGLang's host-memory check "
                     "applies to the 4 KiB pool", "; ".join(problems))
         return original(pool, *a, **kw)
-    from .allocator import HugepagesUnavailableError
+    from ..hostmem.allocator import HugepagesUnavailableError
 
     raise HugepagesUnavailableError(
         f"the HiCache host pool of rank {allocator.local_rank} cannot be backed by hugepages: "
@@ -238,7 +238,7 @@ def _builtin_hugepages(allocator: Any) -> tuple[int, int] | None:
 def _set_builtin_rank_env(env: Any) -> None:
     """Give this scheduler its own NUMA node before SGLang's built-in allocator (and mori's
     DRAM tier) read the one process-wide value (hicache_umbp.launch.builtin)."""
-    from .launch.builtin import scheduler_numa_env
+    from ..launch.builtin import scheduler_numa_env
 
     if not any(BY_KEY[k].env in env for k in ("host_numa", "umbp_dram_numa")):
         return  # not started by our launcher: SGLang's own behaviour
@@ -253,8 +253,8 @@ def hugepage_problems(page: int, numa: int, nbytes: int, what: str) -> list[str]
     """Why ``nbytes`` of ``page``-sized hugepages (on ``numa``, -1: any) would not fit now
     (``[]``: fits): the launcher's own check (hugetlb cgroup headroom, the node's and the NUMA
     node's free pages) on the real node, for this one pool."""
-    from .launch.hugepages import PoolDemand, check_size
-    from .launch.noderoot import NodeRoot
+    from ..launch.hugepages import PoolDemand, check_size
+    from ..launch.noderoot import NodeRoot
 
     demand = PoolDemand(what, page, (nbytes,), (numa,))
     return list(check_size(NodeRoot("/"), page, [demand]).problems)
@@ -303,7 +303,7 @@ def local_rank_from_runtime(env: Mapping[str, str]) -> int:
 
 
 class UMBPHostTensorAllocator:
-    """SGLang ``HostTensorAllocator`` interface over :mod:`hicache_umbp.allocator`.
+    """SGLang ``HostTensorAllocator`` interface over :mod:`hicache_umbp.hostmem.allocator`.
 
     Not a subclass of SGLang's class on purpose: SGLang's ROCm path
     (``_uses_hip_owned_host_memory``) replaces only the exact default allocator type with
@@ -357,9 +357,9 @@ def allocate_region(
 
     Standalone mode needs memfd-backed memory (the sidecar server maps the pool). Without
     ``host_allow_4k_fallback`` a node without free hugepages fails the start here, with the
-    core allocator's message (:class:`hicache_umbp.allocator.HugepagesUnavailableError`).
+    core allocator's message (:class:`hicache_umbp.hostmem.allocator.HugepagesUnavailableError`).
     """
-    from .allocator import HostAllocator
+    from ..hostmem.allocator import HostAllocator
 
     rank = config.rank(local_rank)
     allocator = HostAllocator(

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .keys import PageFormat
-from .store import PagePointers
+from ..store.keys import PageFormat
+from ..store.store import PagePointers
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ def host_buffer_ranges(pool: Any) -> list[tuple[int, int]]:
 
 
 def page_format_of(pool: Any, kv_cache_dtype: str | None) -> PageFormat:
-    """The key fields a SGLang host pool contributes (:class:`hicache_umbp.keys.PageFormat`):
+    """The key fields a SGLang host pool contributes (:class:`hicache_umbp.store.keys.PageFormat`):
     its layout, page size in tokens, ``storage_format_tag`` and KV dtype.
 
     SGLang keeps every fp8 KV cache as ``uint8`` in the host pool, so the pool alone cannot

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .config import ConfigError
+from ..contract.settings import ConfigError
 
 #: Set by the launcher when DP attention is on (SGLang itself never sets it).
 DP_RANK_ENV = "SGLANG_DP_RANK"

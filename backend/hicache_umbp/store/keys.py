@@ -57,7 +57,7 @@ class PageFormat:
 
     ``PageFormat()`` (all empty, 0 tokens) is "unspecified": fine for tests and tools over one
     store; the SGLang adapter always fills it from the registered host pool
-    (:meth:`from_host_pool` in :mod:`hicache_umbp.sglang_adapter`).
+    (:meth:`from_host_pool` in :mod:`hicache_umbp.sglang.adapter`).
     """
 
     layout: str = ""

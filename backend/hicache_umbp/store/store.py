@@ -2,9 +2,9 @@
 
 A page is one SGLang host-pool page, made of ``len(keys.parts)`` host buffers (K and V for MHA
 page-first layouts, one buffer for MLA). :class:`UMBPStore` maps pages to namespaced keys
-(:mod:`hicache_umbp.keys`), hands mori the caller's pointers (no copy in Python), batches in as few
-client calls as the client allows, and folds per-key results back into per-page booleans: a page
-is stored or found only if every one of its parts is.
+(:mod:`hicache_umbp.store.keys`), hands mori the caller's pointers (no copy in Python), batches in
+as few client calls as the client allows, and folds per-key results back into per-page booleans: a
+page is stored or found only if every one of its parts is.
 
 Contract for callers (SGLang's prefetch and backup threads):
 
@@ -12,7 +12,7 @@ Contract for callers (SGLang's prefetch and backup threads):
   (``batch_exists``: the number of leading pages present);
 * empty batches return at once without touching the client;
 * client exceptions, ``False`` entries, ``None`` or malformed results become ``False`` pages and
-  one rate-limited warning per failure kind (see :mod:`hicache_umbp.ratelimit`); nothing is
+  one rate-limited warning per failure kind (see :mod:`hicache_umbp.store.ratelimit`); nothing is
   logged per call on success.
 
 Thread safety: methods may be called from several threads at once; the mori client serialises
@@ -27,9 +27,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .client import UMBPClientLike
+from ..clients.factories import UMBPClientLike
 from .keys import KeyScheme
-from .page_input import flatten_pages, is_int, page_pointers
+from .pages import flatten_pages, is_int, page_pointers
 from .ratelimit import RateLimitedLog
 
 log = logging.getLogger(__name__)

@@ -2,8 +2,8 @@
 
 mori 1.2.4 puts a DRAM tier in front of an SSD tier only through its RDMA transfer engine, so a
 client (embedded) or a standalone server serves exactly one medium. :class:`TieredClient` is itself
-a :class:`~hicache_umbp.client.UMBPClientLike` over a DRAM client and an SSD client, so
-:class:`~hicache_umbp.store.UMBPStore` is the same for one tier or two.
+a :class:`~hicache_umbp.clients.factories.UMBPClientLike` over a DRAM client and an SSD client, so
+:class:`~hicache_umbp.store.store.UMBPStore` is the same for one tier or two.
 
 Pages are atomic. Keys come page-major in groups of ``parts_per_page`` (K and V of an MHA page,
 as the store sends them), and each tier holds, for each page, parts of at most one write:
@@ -20,7 +20,7 @@ as the store sends them), and each tier holds, for each page, parts of at most o
 Writes land in DRAM and reach SSD by the write policy:
 
 * ``write_back`` (default; measured in ``bench/l3_store.py``): pages DRAM took are copied into a
-  staging ring of our own (:mod:`hicache_umbp.writeback`) inside the call and a background
+  staging ring of our own (:mod:`hicache_umbp.store.writeback`) inside the call and a background
   thread writes them to SSD in batches of at most ``ssd_max_batch_keys`` (mori's SSD staging
   slots). A put that finds the ring full waits up to ``queue_wait_s``, then writes that batch
   to SSD synchronously from the caller's buffer.
@@ -48,9 +48,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .client import UMBPClientLike
+from ..clients.factories import UMBPClientLike
+from ..contract.staging import SSD_STAGING_SLOTS, MemfdStaging, MoriShmStaging, StagingBuffer
 from .ratelimit import RateLimitedLog
-from .staging import SSD_STAGING_SLOTS, MemfdStaging, MoriShmStaging, StagingBuffer
 from .writeback import BatchCall, WriteBackRing
 
 __all__ = ["MemfdStaging", "MoriShmStaging", "StagingBuffer", "TierStats", "TieredClient"]

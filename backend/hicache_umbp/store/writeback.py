@@ -1,4 +1,4 @@
-"""The write-back ring of :class:`~hicache_umbp.tiers.TieredClient`: copies of pages on their
+"""The write-back ring of :class:`~hicache_umbp.store.tiers.TieredClient`: copies of pages on their
 way to SSD, and the thread that writes them there.
 
 A put that chooses write-back reserves ring slots (:meth:`WriteBackRing.reserve`, waiting up to
@@ -22,9 +22,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .client import UMBPClientLike
+from ..clients.factories import UMBPClientLike
+from ..contract.staging import Ring, Slot, StagingBuffer
 from .ratelimit import RateLimitedLog
-from .staging import Ring, Slot, StagingBuffer
 
 BatchCall = Callable[[Sequence[str], Sequence[int], Sequence[int]], list[bool]]
 WRITER_THREAD = "hicache-tier-writeback"

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from hicache_umbp.config import Medium
-from hicache_umbp.mori_env import standalone_server_env
+from hicache_umbp.contract.mori_env import standalone_server_env
+from hicache_umbp.contract.settings import Medium
 
 from ..api.quantity import format_bytes
 from ..planner.engine import (

@@ -20,9 +20,9 @@ from typing import Any
 import aiohttp
 
 from ..api.config import CacheMetricsConfig
-from ..cachestats.scrape import ScrapeError, fetch_pod, pod_url
-from ..cachestats.sglang_metrics import CacheFigures, PodCounters, aggregate, increase
-from . import metrics
+from ..controller import metrics
+from .scrape import ScrapeError, fetch_pod, pod_url
+from .sglang_metrics import CacheFigures, PodCounters, aggregate, increase
 
 Key = tuple[str, str]
 

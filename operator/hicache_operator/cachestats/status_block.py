@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..cachestats.sglang_metrics import TIERS
+from .sglang_metrics import TIERS
 
 if TYPE_CHECKING:
-    from .cache_observer import CacheObservation
+    from .observer import CacheObservation
 
 Obj = dict[str, Any]
 _DIGITS = 3

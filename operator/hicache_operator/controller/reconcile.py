@@ -21,10 +21,10 @@ from typing import Any
 import aiohttp
 
 from ..api import API_VERSION, KIND
+from ..cachestats.observer import CacheObservation, CacheObserver
 from ..planner.errors import SpecError
 from . import diff, metrics, status, volumes
 from .apply import ChildKey, ChildMemory, ChildWriter
-from .cache_observer import CacheObservation, CacheObserver
 from .kube import CHILD_KINDS, KubeClient, KubeError
 from .logs import cr_logger
 from .transitions import Event, transition_events
@@ -88,7 +88,7 @@ def _key(obj: Mapping[str, Any]) -> ChildKey:
 
 
 def _default_plan(body: Mapping[str, Any], config: Any) -> Any:
-    from ..planner import plan  # imported lazily: the planner is heavier than the handlers
+    from ..plan import plan  # imported lazily: the planner is heavier than the handlers
 
     return plan(body, config)
 

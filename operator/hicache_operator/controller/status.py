@@ -30,8 +30,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .cache_observer import CacheObservation
-from .cache_status import cache_block
+from ..cachestats.observer import CacheObservation
+from ..cachestats.status_block import cache_block
 
 Obj = dict[str, Any]
 CONDITION_TYPES = ("SpecValid", "Ready", "Progressing", "Degraded")

@@ -25,7 +25,7 @@ def transition_events(before: Mapping[str, Any], after: Mapping[str, Any],
         events.append(Event("Warning", str(new_spec.get("reason") or "InvalidSpec"),
                             str(new_spec.get("message"))))
     if planned is not None and before.get("plan") != after.get("plan"):
-        from ..planner import render_summary
+        from ..plan import render_summary
 
         events.append(Event("Normal", "Sized", render_summary(planned)[:1000]))
         for warning in planned.warnings:

@@ -27,7 +27,7 @@ from ..builders import (
     build_pdb,
     build_statefulset,
 )
-from .engine import (
+from ..planner.engine import (
     SOCKET_DIR,
     EngineEnv,
     attention_tp_size,
@@ -38,15 +38,21 @@ from .engine import (
     mla_warnings,
     plan_engine_env,
 )
-from .errors import Problems, SpecError
-from .k8s_checks import check_pod_inputs, model_path_warnings
-from .object_checks import check_objects
-from .placement import GPU_MODELS, GpuModel, pod_affinity, pod_tolerations, tolerates_unhealthy
-from .security import check_security, granted_capabilities, security_warnings
-from .sizing import PodSizing, page_geometry, size_pod, staging_warnings
-from .ssd import SsdLayout, plan_ssd
-from .topology import Topology, plan_topology
-from .validate import parse_cr
+from ..planner.errors import Problems, SpecError
+from ..planner.k8s_checks import check_pod_inputs, model_path_warnings
+from ..planner.object_checks import check_objects
+from ..planner.placement import (
+    GPU_MODELS,
+    GpuModel,
+    pod_affinity,
+    pod_tolerations,
+    tolerates_unhealthy,
+)
+from ..planner.security import check_security, granted_capabilities, security_warnings
+from ..planner.sizing import PodSizing, page_geometry, size_pod, staging_warnings
+from ..planner.ssd import SsdLayout, plan_ssd
+from ..planner.topology import Topology, plan_topology
+from ..planner.validate import parse_cr
 
 
 class _NoAliasDumper(yaml.SafeDumper):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import shlex
 
-from hicache_umbp.launch.units import k8s_hugepage_resource
+from hicache_umbp.contract.units import k8s_hugepage_resource
 
 from ..api.quantity import format_bytes, human_bytes
-from .engine import SIDECAR_MEDIUM, standalone_server_command
-from .plan import Plan
+from ..planner.engine import SIDECAR_MEDIUM, standalone_server_command
+from .orchestrate import Plan
 
 
 def _bytes(n: int) -> str:
@@ -98,8 +98,8 @@ def render_summary(p: Plan) -> str:
 
 def warm_cache(p: Plan) -> str:
     """What of the L3 cache survives an engine restart, a pod restart and a reschedule
-    (``hicache_umbp.persistence``, measured on mori 1.2.4: docs/operations.md)."""
-    from hicache_umbp.persistence import warm_cache_survival
+    (``hicache_umbp.contract.persistence``, measured on mori 1.2.4: docs/operations.md)."""
+    from hicache_umbp.contract.persistence import warm_cache_survival
 
     dram = p.sizing.dram_total > 0
     ssd = p.ssd.enabled

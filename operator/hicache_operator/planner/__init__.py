@@ -1,7 +1,3 @@
-"""The pure planner: (CR, operator config, node facts) -> Kubernetes objects and a plan."""
-
-from .errors import SpecError
-from .plan import Plan, plan
-from .summary import render_summary
-
-__all__ = ["Plan", "SpecError", "plan", "render_summary"]
+"""The planner's rules, each pure and typed: validation, sizing, placement, SSD layout, the engine
+env (the backend's contract), security and topology. :mod:`hicache_operator.plan` runs them and
+the builders into one plan."""

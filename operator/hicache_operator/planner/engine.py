@@ -1,8 +1,8 @@
 """The engine container's env (the backend's env contract) and the SGLang command it leads to.
 
 Env names, parsers and the command renderer are imported from the backend
-(:mod:`hicache_umbp.config`, :mod:`hicache_umbp.launch.command`): the operator renders exactly
-what the pod reads, and what it shows as "the SGLang command line" is what the launcher will
+(:mod:`hicache_umbp.contract.settings`, :mod:`hicache_umbp.launch.command`): the operator renders
+exactly what the pod reads, and what it shows as "the SGLang command line" is what the launcher will
 exec for that env (with NUMA nodes still ``auto`` until the pod resolves them).
 """
 
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from hicache_umbp.build import page_size_problems
-from hicache_umbp.client import standalone_socket_path
-from hicache_umbp.config import (
+from hicache_umbp.clients.factories import standalone_socket_path
+from hicache_umbp.contract.settings import (
     BUILTIN_BACKEND,
     BY_KEY,
     SGLANG_HOST_ALLOCATOR_ENV,
@@ -176,8 +176,8 @@ def contract_values(
     spec: SGLangHiCacheSpec, namespace: str, name: str, sizing: PodSizing, ssd: SsdLayout,
     enable_metrics: bool = True,
 ) -> dict[str, Any]:
-    """Contract keys (hicache_umbp.config.SETTINGS) for this pod; mode-foreign keys omitted,
-    and with SGLang's built-in backend the keys only our store reads (namespace, model id,
+    """Contract keys (hicache_umbp.contract.settings.SETTINGS) for this pod; mode-foreign keys
+    omitted, and with SGLang's built-in backend the keys only our store reads (namespace, model id,
     DRAM/SSD tiering)."""
     e, hc, l3 = spec.engine, spec.hi_cache, spec.l3
     v: dict[str, Any] = {

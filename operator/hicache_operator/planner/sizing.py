@@ -28,7 +28,8 @@ T the attention-TP ranks (TP, divided by DP under DP attention), h the KV heads
 * /dev/shm (auto) = ``max(16 GiB, 4 GiB * R)``; an emptyDir ``medium: Memory`` whose pages count
   against the engine's memory limit.
 * host buffers of the L3 client in the engine process (memfd / shm / malloc, so in the memory
-  limit, never in hugepages), per rank from ``hicache_umbp.staging.staging_memory_per_rank``:
+  limit, never in hugepages), per rank from
+  ``hicache_umbp.contract.staging.staging_memory_per_rank``:
 
   - write-back ring, when both a DRAM and an SSD tier are on (either mode: the tiered client
     runs in the engine process): ``floor(Q / p) * p`` (whole parts, never more than Q); it must
@@ -39,8 +40,8 @@ T the attention-TP ranks (TP, divided by DP under DP attention), h the KV heads
   The engine counts ``R *`` (ring + staging).
 * umbp-ssd sidecar (standalone SSD tier): staging slot ``s = roundup(p, 4 KiB)``, rendered
   both to the engine's ``umbp_ssd_slot_bytes`` and to the sidecar's
-  ``UMBP_DISTRIBUTED_DRAM_PAGE_SIZE`` (``hicache_umbp.mori_env``), so one part takes one slot
-  and one 16-slot batch of a rank holds ``16 // n`` pages (``staging.ssd_keys_per_call``);
+  ``UMBP_DISTRIBUTED_DRAM_PAGE_SIZE`` (``hicache_umbp.contract.mori_env``), so one part takes one
+  slot and one 16-slot batch of a rank holds ``16 // n`` pages (``staging.ssd_keys_per_call``);
   ``2 * 16 * R`` slots; staging ``= slots * s`` (``staging.sidecar_ssd_staging_bytes``), taken
   from the sidecar's own DRAM pool; memory ``= roundup_GiB(2 GiB + staging)``. Without K the
   sidecar stays as it always was, byte for byte (an operator upgrade restarts no pod): 16 slots
@@ -85,11 +86,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from hicache_umbp.client import SSD_STAGING_SLOTS, SSD_VALUE_BYTES_DEFAULT
-from hicache_umbp.config import HUGEPAGE_SIZES, ConfigError
-from hicache_umbp.keys import MHA_PARTS, MLA_PARTS
-from hicache_umbp.launch.units import k8s_hugepage_resource
-from hicache_umbp.staging import sidecar_ssd_staging_bytes, staging_memory_per_rank
+from hicache_umbp.clients.factories import SSD_STAGING_SLOTS, SSD_VALUE_BYTES_DEFAULT
+from hicache_umbp.contract.settings import HUGEPAGE_SIZES, ConfigError
+from hicache_umbp.contract.staging import sidecar_ssd_staging_bytes, staging_memory_per_rank
+from hicache_umbp.contract.units import k8s_hugepage_resource
+from hicache_umbp.store.keys import MHA_PARTS, MLA_PARTS
 
 from ..api.config import OperatorConfig
 from ..api.quantity import format_bytes, human_bytes, parse_bytes, round_up
@@ -455,7 +456,7 @@ def _staging_of_page(
     ssd: bool, lines: list[str],
 ) -> tuple[int, int]:
     """Ring and embedded SSD staging of the pod from the real page part (the backend's own
-    :func:`~hicache_umbp.staging.staging_memory_per_rank`)."""
+    :func:`~hicache_umbp.contract.staging.staging_memory_per_rank`)."""
     part = page.part_bytes
     lines.append(f"page = {page.describe()}")
     try:

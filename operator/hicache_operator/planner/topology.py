@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from hicache_umbp.config import HUGEPAGE_SIZES
+from hicache_umbp.contract.settings import HUGEPAGE_SIZES
 
 from ..api.config import NodeFacts
 from ..api.quantity import parse_bytes
