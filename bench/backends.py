@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import torch  # noqa: E402
-from hicache_umbp.sglang.adapter import dynamic_extra_config  # noqa: E402
+from hicache_umbp.contract.names import dynamic_extra_config  # noqa: E402
 
 from backend import sglang_env as E  # noqa: E402
 from backend import sglang_stack as S  # noqa: E402

@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "backend"))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from hicache_umbp.contract.units import GIB, MIB  # noqa: E402
 from hicache_umbp.hostmem import allocator as A  # noqa: E402
 from hicache_umbp.hostmem import kernel as K  # noqa: E402
 from support.hugepages import HugepageReservation, HugepagesRefused  # noqa: E402
@@ -99,7 +100,7 @@ def main() -> None:
     ap.add_argument("--no-reserve", action="store_true",
                     help="do not reserve hugepages for the run (measure what the host has)")
     args = ap.parse_args()
-    pages = int(args.size_gib * A.GIB) // (args.hugepage_mib * A.MIB)
+    pages = int(args.size_gib * GIB) // (args.hugepage_mib * MIB)
     if args.no_reserve:
         run(args, reserved=0)
         return
@@ -114,12 +115,12 @@ def main() -> None:
 def run(args: argparse.Namespace, reserved: int) -> None:
     # one demotion line per backing below instead of one warning per allocation
     logging.getLogger("hicache_umbp.hostmem.allocator").setLevel(logging.ERROR)
-    size = int(args.size_gib * A.GIB)
-    gib = size / A.GIB
+    size = int(args.size_gib * GIB)
+    gib = size / GIB
     cpus = args.max_threads
     result: dict[str, object] = {"size_gib": gib, "cpus": cpus, "reserved": reserved}
     backings: dict[str, dict[str, object]] = {}
-    for name, hp in (("4k", 0), (f"hugepage_{args.hugepage_mib}m", args.hugepage_mib * A.MIB)):
+    for name, hp in (("4k", 0), (f"hugepage_{args.hugepage_mib}m", args.hugepage_mib * MIB)):
         alloc = A.HostAllocator(hugepage_bytes=hp, prefault=False)
         result["path"] = alloc.path
         pop = [map_populate_seconds(size, hp) for _ in range(args.rounds)]

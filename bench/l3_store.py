@@ -41,7 +41,8 @@ sys.path.insert(0, str(ROOT / "backend"))
 
 
 from hicache_umbp.clients.factories import make_embedded_dram_client, make_embedded_ssd_client  # noqa: E402
-from hicache_umbp.store.keys import MLA_PARTS, KeyScheme  # noqa: E402
+from hicache_umbp.contract.page_limits import MLA_PARTS  # noqa: E402
+from hicache_umbp.store.keys import KeyScheme  # noqa: E402
 from hicache_umbp.store.store import UMBPStore  # noqa: E402
 from hicache_umbp.store.tiers import TieredClient  # noqa: E402
 

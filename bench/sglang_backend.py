@@ -35,11 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import backends as B  # noqa: E402
-from hicache_umbp.sglang.adapter import (  # noqa: E402
-    UMBPHiCacheStorage,
-    dynamic_extra_config,
-    use_client_opener,
-)
+from hicache_umbp.contract.names import dynamic_extra_config  # noqa: E402
+from hicache_umbp.sglang.adapter import UMBPHiCacheStorage  # noqa: E402
+from support.faults import use_client_opener  # noqa: E402
 
 from backend import sglang_env as E  # noqa: E402
 from backend import sglang_stack as S  # noqa: E402
@@ -118,7 +116,7 @@ def best_us_per_page(fn: Any, repeats: int = 7, inner: int = 20) -> float:
 def adapter_overhead(host: Any, extra: dict[str, Any]) -> dict[str, float]:
     with use_client_opener(lambda rank_config: NullClient()):
         backend = UMBPHiCacheStorage(storage_config(extra), {})
-    backend.register_mem_pool_host(host)
+        backend.register_mem_pool_host(host)
     rng = random.Random(0)
     page_starts = rng.sample(range(host.size // PAGE), BATCH)
     idx = torch.cat([torch.arange(p * PAGE, (p + 1) * PAGE) for p in page_starts])

@@ -72,7 +72,7 @@ def client(sock: str, wid: int, rounds: int, gap: float, start_at: float) -> Non
 
 def scenario(ranks: int, slots: int, gap: float, rounds: int) -> dict[str, float]:
     """One server with ``slots`` slots and ``ranks`` client processes; failed and total puts."""
-    from hicache_umbp.clients.factories import mori_loader_prefix, standalone_server_binary
+    from hicache_umbp.clients.runtime import mori_loader_prefix, standalone_server_binary
     from hicache_umbp.contract.mori_env import standalone_server_env
 
     with tempfile.TemporaryDirectory(prefix="sidecar-slots-") as tmp:

@@ -61,7 +61,7 @@ class StandaloneServers:
         self._processes: list[subprocess.Popen[bytes]] = []
 
     def start(self, medium: str, umbp_env: dict[str, str], name: str = "") -> StandaloneServer:
-        from hicache_umbp.clients.factories import mori_loader_prefix, standalone_server_binary
+        from hicache_umbp.clients.runtime import mori_loader_prefix, standalone_server_binary
 
         name = name or f"{medium}-{len(self.started)}"
         sock = str(self.workdir / f"{name}.sock")

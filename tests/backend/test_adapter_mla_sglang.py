@@ -9,8 +9,9 @@ is tests/pod/test_mla_pod.py.
 from __future__ import annotations
 
 import pytest
+from hicache_umbp.contract.names import dynamic_extra_config
 from hicache_umbp.contract.settings import ConfigError
-from hicache_umbp.sglang.adapter import UMBPHiCacheStorage, dynamic_extra_config
+from hicache_umbp.sglang.adapter import UMBPHiCacheStorage
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 
 pytestmark = pytest.mark.sglang

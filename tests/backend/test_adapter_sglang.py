@@ -19,18 +19,15 @@ from typing import Any
 
 import pytest
 import torch
+from hicache_umbp.contract.load import load_launch_config
 from hicache_umbp.contract.mori_env import standalone_server_env
-from hicache_umbp.contract.settings import ConfigError, load_launch_config
+from hicache_umbp.contract.names import ADAPTER_CLASS, ADAPTER_MODULE, dynamic_extra_config
+from hicache_umbp.contract.page_limits import MHA_PARTS
+from hicache_umbp.contract.settings import ConfigError
 from hicache_umbp.launch.command import store_extra_config
-from hicache_umbp.sglang.adapter import (
-    CLASS_NAME,
-    MODULE_PATH,
-    UMBPHiCacheStorage,
-    dynamic_extra_config,
-    use_client_opener,
-)
-from hicache_umbp.store.keys import MHA_PARTS, KeyScheme, parse_key
-from support.faults import FaultyClient, real_client_opener
+from hicache_umbp.sglang.adapter import UMBPHiCacheStorage
+from hicache_umbp.store.keys import KeyScheme, parse_key
+from support.faults import FaultyClient, real_client_opener, use_client_opener
 
 from . import sglang_env as E
 from .conftest import StandaloneServers
@@ -110,9 +107,10 @@ def make_backend(
     if spy:
         with use_client_opener(real_client_opener(made)):
             backend = StorageBackendFactory.create_backend("dynamic", cfg, host)
+            backend.register_mem_pool_host(host)
     else:
         backend = StorageBackendFactory.create_backend("dynamic", cfg, host)
-    backend.register_mem_pool_host(host)
+        backend.register_mem_pool_host(host)
     assert isinstance(backend, UMBPHiCacheStorage)
     return backend, host, (made[0] if spy else backend.stores[0].client)
 
@@ -133,7 +131,7 @@ def test_factory_builds_backend_from_the_launcher_rendered_extra_config() -> Non
     env = {"HICACHE_MODEL_PATH": "/models/tiny", "HICACHE_UMBP_DRAM_BYTES": str(32 * MIB),
            "HICACHE_UMBP_NAMESPACE": "team-a/llama", "HICACHE_HOST_HUGEPAGE_BYTES": "0"}
     extra = json.loads(json.dumps(store_extra_config(load_launch_config(env), {})))
-    assert (extra["module_path"], extra["class_name"]) == (MODULE_PATH, CLASS_NAME)
+    assert (extra["module_path"], extra["class_name"]) == (ADAPTER_MODULE, ADAPTER_CLASS)
     host = E.host_pool(E.mha_device_pool())
     backend = StorageBackendFactory.create_backend("dynamic", storage_config(extra), host)
     assert type(backend) is UMBPHiCacheStorage

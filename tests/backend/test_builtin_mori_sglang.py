@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 import torch
 from hicache_umbp.contract.mori_env import standalone_server_env
-from hicache_umbp.sglang.adapter import dynamic_extra_config
+from hicache_umbp.contract.names import dynamic_extra_config
 
 from . import sglang_env as E
 from . import sglang_stack as S

@@ -11,7 +11,9 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from hicache_umbp.clients.factories import SSD_STAGING_SLOTS, OpenedClient, UMBPClientLike
+from hicache_umbp.clients.factories import OpenedClient
+from hicache_umbp.contract.staging import SSD_STAGING_SLOTS
+from hicache_umbp.store.protocol import UMBPClientLike
 from support.memory_client import InjectedFault, MemoryUMBPClient
 
 from .contract import CHECKS, Arena, Subject
@@ -149,13 +151,13 @@ def test_granularity_charges_small_values_a_whole_slot(arena: Arena) -> None:
 
 
 def _rank(**extra):  # type: ignore[no-untyped-def]
-    from hicache_umbp.contract.settings import load_store_config
+    from hicache_umbp.contract.load import load_store_config
 
     return load_store_config(extra, env={}).rank(0)
 
 
 def test_distributed_without_rdma_nic_is_a_clear_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from hicache_umbp.clients.factories import DistributedModeUnavailableError, require_distributed
+    from hicache_umbp.clients.runtime import DistributedModeUnavailableError, require_distributed
 
     no_nic = r"needs an RDMA NIC.*lists no device"
     with pytest.raises(DistributedModeUnavailableError, match=no_nic):
@@ -171,7 +173,8 @@ def test_distributed_without_rdma_nic_is_a_clear_error(tmp_path) -> None:  # typ
 def test_make_client_refuses_distributed_here() -> None:
     import os
 
-    from hicache_umbp.clients.factories import DistributedModeUnavailableError, make_client
+    from hicache_umbp.clients.factories import make_client
+    from hicache_umbp.clients.runtime import DistributedModeUnavailableError
 
     rank = _rank(umbp_mode="distributed", umbp_master_address="10.0.0.1:15558")
     if os.path.isdir("/sys/class/infiniband") and os.listdir("/sys/class/infiniband"):
@@ -195,9 +198,7 @@ def test_make_client_refuses_distributed_here() -> None:
     ],
 )
 def test_configured_media(extra, media) -> None:  # type: ignore[no-untyped-def]
-    from hicache_umbp.clients.factories import configured_media
-
-    assert configured_media(_rank(**extra)) == media
+    assert _rank(**extra).media() == media
 
 
 def test_make_client_names_what_is_missing() -> None:
@@ -215,6 +216,6 @@ def test_make_client_names_what_is_missing() -> None:
 
 
 def test_standalone_sockets_live_in_the_socket_dir() -> None:
-    from hicache_umbp.clients.factories import standalone_socket_path
+    from hicache_umbp.contract.paths import standalone_socket_path
 
     assert standalone_socket_path("/var/run/umbp", "ssd") == "/var/run/umbp/ssd.sock"

@@ -15,14 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from hicache_umbp.clients.factories import (
-    SSD_STAGING_SLOTS,
     OpenedClient,
-    UMBPClientLike,
     make_embedded_dram_client,
     make_embedded_ssd_client,
     make_standalone_client,
 )
 from hicache_umbp.contract.mori_env import standalone_server_env
+from hicache_umbp.contract.staging import SSD_STAGING_SLOTS
+from hicache_umbp.store.protocol import UMBPClientLike
 
 from .conftest import StandaloneServers
 from .contract import CHECKS, HostArena, Subject
@@ -207,8 +207,8 @@ def test_ssd_batch_past_the_staging_slots_fails_its_tail(tmp_path: Path) -> None
 def test_make_client_from_the_configuration(tmp_path: Path, standalone_servers) -> None:  # type: ignore[no-untyped-def]
     """The config-driven factory opens the real clients: embedded DRAM, embedded SSD (pages in
     <umbp_ssd_dir>/rank-0) and standalone (servers at <umbp_socket_dir>/<medium>.sock)."""
-    from hicache_umbp.clients.factories import configured_media, make_client
-    from hicache_umbp.contract.settings import load_store_config
+    from hicache_umbp.clients.factories import make_client
+    from hicache_umbp.contract.load import load_store_config
 
     embedded = load_store_config(
         {"umbp_dram_bytes": 16 * VALUE, "umbp_ssd_enabled": True,
@@ -232,7 +232,7 @@ def test_make_client_from_the_configuration(tmp_path: Path, standalone_servers) 
     arena = HostArena(2 * VALUE)
     arena.view[:VALUE] = 42
     for rank in (embedded, standalone):
-        for medium in configured_media(rank):
+        for medium in rank.media():
             c = make_client(rank, medium, ssd_value_bytes=VALUE)
             assert c.medium == medium and c.mode == rank.config.umbp_mode
             assert c.client.register_memory(arena.ptr, arena.nbytes) is True
@@ -259,7 +259,7 @@ def test_ssd_read_lease_is_short_on_the_real_path(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from hicache_umbp.clients.factories import SSD_READ_LEASE_ENV, SSD_READ_LEASE_MS
+    from hicache_umbp.contract.mori_env import SSD_READ_LEASE_ENV, SSD_READ_LEASE_MS
 
     env = standalone_server_env("ssd", capacity_bytes=256 << 20, ssd_dir=str(tmp_path / "s"))
     assert env[SSD_READ_LEASE_ENV] == str(SSD_READ_LEASE_MS)

@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 import pytest
+from hicache_umbp.contract.load import load_store_config, render_env, render_value
 from hicache_umbp.contract.parsing import parse_bool, parse_int
 from hicache_umbp.contract.settings import (
     BY_KEY,
@@ -20,10 +21,7 @@ from hicache_umbp.contract.settings import (
     STORE_KEYS,
     ConfigError,
     Setting,
-    load_store_config,
     parse_value,
-    render_env,
-    render_value,
 )
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st

@@ -29,8 +29,9 @@ from typing import Any
 
 import pytest
 from hicache_umbp.contract.mori_env import standalone_server_env
-from hicache_umbp.sglang.adapter import UMBPHiCacheStorage, dynamic_extra_config, use_client_opener
-from support.faults import FaultyClient, real_client_opener
+from hicache_umbp.contract.names import dynamic_extra_config
+from hicache_umbp.sglang.adapter import UMBPHiCacheStorage
+from support.faults import FaultyClient, real_client_opener, use_client_opener
 
 from . import sglang_env as E
 from . import sglang_stack as S

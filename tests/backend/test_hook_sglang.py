@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hicache_umbp.contract.names import dynamic_extra_config
 from hicache_umbp.hostmem.allocator import HugepagesUnavailableError, hugepages_free
 from hicache_umbp.sglang import hook as sglang_hook
-from hicache_umbp.sglang.adapter import dynamic_extra_config
 
 from . import sglang_env as E
 

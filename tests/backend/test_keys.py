@@ -4,15 +4,8 @@ field that changes a page's bytes. Everything here is real (no doubles)."""
 from __future__ import annotations
 
 import pytest
-from hicache_umbp.store.keys import (
-    MHA_PARTS,
-    MLA_PARTS,
-    SCHEME,
-    SCHEME_VERSION,
-    KeyScheme,
-    PageFormat,
-    parse_key,
-)
+from hicache_umbp.contract.page_limits import MHA_PARTS, MLA_PARTS
+from hicache_umbp.store.keys import SCHEME, SCHEME_VERSION, KeyScheme, PageFormat, parse_key
 from hypothesis import given
 from hypothesis import strategies as st
 

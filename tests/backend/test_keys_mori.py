@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from hicache_umbp.clients.factories import make_standalone_client
 from hicache_umbp.contract.mori_env import standalone_server_env
-from hicache_umbp.store.keys import MHA_PARTS, KeyScheme, PageFormat
+from hicache_umbp.contract.page_limits import MHA_PARTS
+from hicache_umbp.store.keys import KeyScheme, PageFormat
 from hicache_umbp.store.store import UMBPStore
 
 from .conftest import StandaloneServers

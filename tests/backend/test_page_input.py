@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 
 import numpy as np
-from hicache_umbp.store.keys import MHA_PARTS
+from hicache_umbp.contract.page_limits import MHA_PARTS
 from hicache_umbp.store.pages import flatten_pages
 
 from .test_store import PAGE, Pages, hashes, make

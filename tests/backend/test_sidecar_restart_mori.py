@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 from hicache_umbp.build import build_store
 from hicache_umbp.clients.guards import ReconnectingClient, SerializedClient
+from hicache_umbp.contract.load import load_store_config
 from hicache_umbp.contract.mori_env import standalone_server_env
-from hicache_umbp.contract.settings import load_store_config
-from hicache_umbp.store.keys import MHA_PARTS, KeyScheme
+from hicache_umbp.contract.page_limits import MHA_PARTS
+from hicache_umbp.store.keys import KeyScheme
 from hicache_umbp.store.store import UMBPStore
 from hicache_umbp.store.tiers import TieredClient
 

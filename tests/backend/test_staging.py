@@ -6,7 +6,7 @@ Pure arithmetic, checked against numbers measured on real mori 1.2.4 (noted per 
 from __future__ import annotations
 
 import pytest
-from hicache_umbp.contract.settings import GIB, MIB, ConfigError
+from hicache_umbp.contract.settings import ConfigError
 from hicache_umbp.contract.staging import (
     SSD_STAGING_SLOTS,
     StagingMemory,
@@ -14,6 +14,7 @@ from hicache_umbp.contract.staging import (
     ssd_keys_per_call,
     staging_memory_per_rank,
 )
+from hicache_umbp.contract.units import GIB, MIB
 
 R1_PART = 8_994_816
 

@@ -16,9 +16,12 @@ from pathlib import Path
 
 import pytest
 from hicache_umbp.build import build_store
-from hicache_umbp.contract.settings import GIB, MIB, ConfigError, load_store_config
+from hicache_umbp.contract.load import load_store_config
+from hicache_umbp.contract.page_limits import MHA_PARTS, MLA_PARTS
+from hicache_umbp.contract.settings import ConfigError
 from hicache_umbp.contract.staging import write_back_ring_keys
-from hicache_umbp.store.keys import MHA_PARTS, MLA_PARTS, KeyScheme
+from hicache_umbp.contract.units import GIB, MIB
+from hicache_umbp.store.keys import KeyScheme
 from hicache_umbp.store.ratelimit import RateLimitedLog
 from hicache_umbp.store.store import UMBPStore
 from hypothesis import HealthCheck, given, settings

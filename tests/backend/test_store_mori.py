@@ -16,16 +16,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 from hicache_umbp.build import build_store
+from hicache_umbp.clients.buffers import MoriShmStaging
 from hicache_umbp.clients.factories import (
     make_embedded_dram_client,
     make_embedded_ssd_client,
     make_standalone_client,
 )
+from hicache_umbp.contract.load import load_store_config
 from hicache_umbp.contract.mori_env import standalone_server_env
-from hicache_umbp.contract.settings import load_store_config
-from hicache_umbp.store.keys import MHA_PARTS, MLA_PARTS, KeyScheme, PageFormat
+from hicache_umbp.contract.page_limits import MHA_PARTS, MLA_PARTS
+from hicache_umbp.store.keys import KeyScheme, PageFormat
+from hicache_umbp.store.ring import MemfdStaging
 from hicache_umbp.store.store import UMBPStore
-from hicache_umbp.store.tiers import MemfdStaging, MoriShmStaging
 
 from .conftest import StandaloneServers
 

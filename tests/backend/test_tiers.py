@@ -15,7 +15,8 @@ import threading
 from collections.abc import Sequence
 
 import pytest
-from hicache_umbp.store.keys import MHA_PARTS, KeyScheme
+from hicache_umbp.contract.page_limits import MHA_PARTS
+from hicache_umbp.store.keys import KeyScheme
 from hicache_umbp.store.store import UMBPStore
 from hicache_umbp.store.tiers import TieredClient
 from support.memory_client import MemoryUMBPClient

@@ -83,7 +83,7 @@ def test_engine_image_runs_the_launcher_and_ships_the_standalone_server() -> Non
 
     assert users[-1] == str(ENGINE_IMAGE_UID) == str(EnginePodSecurity().run_as_user)
     # the pod's command (not the ENTRYPOINT) starts the launcher: its interpreter must exist
-    from hicache_operator.planner.engine import LAUNCH_COMMAND
+    from hicache_umbp.contract.names import LAUNCH_COMMAND
 
     interpreter = LAUNCH_COMMAND[0]
     assert interpreter == "python3" or any(

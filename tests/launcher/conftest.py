@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hicache_umbp.contract.settings import render_env
+from hicache_umbp.contract.load import render_env
 
 from .fakenode import GIB, MIB, FakeNode
 

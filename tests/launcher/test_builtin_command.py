@@ -12,8 +12,11 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from hicache_umbp.launch import LaunchError, NodeRoot, plan_launch
+from hicache_umbp.contract.builtin import PREFAULT_THREADS_REFUSAL, SSD_REFUSAL
 from hicache_umbp.launch.builtin import scheduler_numa_env
+from hicache_umbp.launch.errors import LaunchError
+from hicache_umbp.launch.noderoot import NodeRoot
+from hicache_umbp.launch.run import plan_launch
 
 from .conftest import io_uring_ok, launch_env
 from .fakenode import GIB, MIB, FakeNode
@@ -112,13 +115,10 @@ def test_short_hugepages_fail_before_sglang_could_demote_silently(mi355x: FakeNo
 @pytest.mark.parametrize(("env", "needle"), [
     ({"umbp_ssd_enabled": True, "umbp_ssd_dir": "/mnt/umbp-ssd",
       "umbp_ssd_bytes": 1 << 40},
-     "HICACHE_UMBP_SSD_ENABLED=true cannot be served by HICACHE_L3_BACKEND=sglang-mori on mori "
-     "1.2.4: in-process it never writes its SSD tier, and it sends a whole 128-page batch to a "
-     "standalone SSD server, which stages 16 values per batch and fails the rest; use "
-     "l3_backend umbp for an SSD tier"),
+     f"HICACHE_UMBP_SSD_ENABLED=true with HICACHE_L3_BACKEND=sglang-mori: {SSD_REFUSAL}"),
     ({"host_prefault_threads": 8},
-     "HICACHE_HOST_PREFAULT_THREADS=8 cannot be honoured by HICACHE_L3_BACKEND=sglang-mori: "
-     "SGLang's built-in host allocator has no prefault thread setting; leave it 0"),
+     "HICACHE_HOST_PREFAULT_THREADS=8 with HICACHE_L3_BACKEND=sglang-mori: "
+     f"{PREFAULT_THREADS_REFUSAL}"),
     ({"umbp_dram_bytes": ",".join([str(64 * GIB)] * 7 + [str(32 * GIB)])},
      "SGLang's built-in backend takes one dram_capacity_bytes for every rank"),
 ])

@@ -9,9 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from hicache_umbp.contract.settings import load_store_config
-from hicache_umbp.launch import LaunchError, NodeRoot, plan_launch
+from hicache_umbp.contract.load import load_store_config
 from hicache_umbp.launch import __main__ as cli
+from hicache_umbp.launch.errors import LaunchError
+from hicache_umbp.launch.noderoot import NodeRoot
+from hicache_umbp.launch.run import plan_launch
 
 from .conftest import io_uring_ok, launch_env
 from .fakenode import GIB, MIB, FakeNode

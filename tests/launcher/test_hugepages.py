@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from hicache_umbp.launch import LaunchError, NodeRoot, plan_launch
+from hicache_umbp.launch.errors import LaunchError
+from hicache_umbp.launch.noderoot import NodeRoot
+from hicache_umbp.launch.run import plan_launch
 
 from .conftest import io_uring_ok, launch_env
 from .fakenode import GIB, MIB, FakeNode

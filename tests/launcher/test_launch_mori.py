@@ -16,9 +16,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hicache_umbp.clients.factories import mori_loader_prefix, standalone_server_binary
+from hicache_umbp.clients.runtime import mori_loader_prefix, standalone_server_binary
 from hicache_umbp.contract.mori_env import standalone_server_env
-from hicache_umbp.launch import LaunchError, NodeRoot, plan_launch
+from hicache_umbp.launch.errors import LaunchError
+from hicache_umbp.launch.noderoot import NodeRoot
+from hicache_umbp.launch.run import plan_launch
 from hicache_umbp.launch.standalone import socket_paths
 
 from .conftest import io_uring_ok, launch_env

@@ -13,9 +13,10 @@ import json
 from typing import Any
 
 import pytest
-from hicache_umbp import sglang_adapter
-from hicache_umbp.launch import NodeRoot, plan_launch
-from hicache_umbp.launch import command as launch_command
+from hicache_umbp.contract import names
+from hicache_umbp.launch.noderoot import NodeRoot
+from hicache_umbp.launch.run import plan_launch
+from hicache_umbp.sglang.adapter import UMBPHiCacheStorage
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 from sglang.srt.server_args import prepare_server_args
@@ -33,10 +34,13 @@ def _server_args(node: FakeNode, **env: Any) -> tuple[Any, list[str]]:
     return prepare_server_args(argv[3:]), argv
 
 
-def test_constants_match_the_adapter() -> None:
-    assert launch_command.ADAPTER_MODULE == sglang_adapter.MODULE_PATH
-    assert launch_command.ADAPTER_CLASS == sglang_adapter.CLASS_NAME
-    assert launch_command.BACKEND_NAME == sglang_adapter.BACKEND_NAME
+def test_the_public_load_path_is_the_adapter() -> None:
+    """The module path and class the launcher renders (:mod:`hicache_umbp.contract.names`)
+    resolve to the adapter, as SGLang's factory resolves them: importlib, then getattr."""
+    import importlib
+
+    module = importlib.import_module(names.ADAPTER_MODULE)
+    assert getattr(module, names.ADAPTER_CLASS) is UMBPHiCacheStorage
 
 
 def test_command_parses_with_sglangs_own_parser(mi355x: FakeNode) -> None:

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from hicache_umbp.launch import NodeRoot
+from hicache_umbp.launch.noderoot import NodeRoot
 
 
 def test_absolute_links_are_followed_inside_the_root(tmp_path: Path) -> None:

@@ -24,9 +24,9 @@ import yaml
 from hicache_operator.api.config import OperatorConfig
 from hicache_operator.api.quantity import parse_bytes
 from hicache_operator.plan.orchestrate import plan
-from hicache_umbp.launch import NodeRoot
+from hicache_umbp.contract.names import ADAPTER_MODULE
 from hicache_umbp.launch import __main__ as cli
-from hicache_umbp.launch.command import ADAPTER_MODULE
+from hicache_umbp.launch.noderoot import NodeRoot
 
 from .fakenode import MI355X_BDFS, FakeNode
 

@@ -11,7 +11,9 @@ import os
 import re
 
 import pytest
-from hicache_umbp.launch import LaunchError, NodeRoot, plan_launch
+from hicache_umbp.launch.errors import LaunchError
+from hicache_umbp.launch.noderoot import NodeRoot
+from hicache_umbp.launch.run import plan_launch
 from hicache_umbp.launch.ssd import io_uring_syscall_probe
 
 from .conftest import io_uring_blocked, io_uring_ok, launch_env

@@ -11,8 +11,10 @@ import socket
 from collections.abc import Iterator
 
 import pytest
-from hicache_umbp.contract.settings import load_store_config, render_env
-from hicache_umbp.launch import LaunchError, NodeRoot, plan_launch
+from hicache_umbp.contract.load import load_store_config, render_env
+from hicache_umbp.launch.errors import LaunchError
+from hicache_umbp.launch.noderoot import NodeRoot
+from hicache_umbp.launch.run import plan_launch
 from hicache_umbp.launch.standalone import socket_paths, wait_for_sidecars
 
 from .conftest import io_uring_ok, launch_env

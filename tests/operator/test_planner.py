@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from hicache_operator.api.config import AdminPolicy, NodeFacts, OperatorConfig
 from hicache_operator.plan import SpecError, plan
-from hicache_umbp.contract.settings import load_launch_config
+from hicache_umbp.contract.load import load_launch_config
 from shc_testlib import all_containers, load_example, pod_spec
 
 GI = 1024**3

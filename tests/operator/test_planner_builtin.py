@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from hicache_operator.api.config import OperatorConfig
 from hicache_operator.plan import SpecError, plan
-from hicache_umbp.contract.settings import load_launch_config
+from hicache_umbp.contract.load import load_launch_config
 from shc_testlib import all_containers, load_example
 
 CONFIG = OperatorConfig()

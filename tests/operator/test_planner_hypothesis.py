@@ -11,8 +11,8 @@ from typing import Any
 
 from hicache_operator.api.config import AdminPolicy, OperatorConfig
 from hicache_operator.plan import SpecError, plan
-from hicache_umbp.build import page_size_problems
-from hicache_umbp.contract.settings import load_launch_config
+from hicache_umbp.contract.load import load_launch_config
+from hicache_umbp.contract.page_limits import page_size_problems
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from shc_testlib import all_containers, crd_cel_failures, crd_schema_errors, validate_k8s

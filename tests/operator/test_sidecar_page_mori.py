@@ -26,10 +26,12 @@ import pytest
 from hicache_operator.api.config import OperatorConfig
 from hicache_operator.plan import plan
 from hicache_umbp.build import build_store
-from hicache_umbp.clients.factories import mori_loader_prefix, standalone_server_binary
-from hicache_umbp.contract.settings import BY_KEY, load_store_config
-from hicache_umbp.contract.staging import MoriShmStaging
-from hicache_umbp.store.keys import MLA_PARTS, KeyScheme
+from hicache_umbp.clients.buffers import MoriShmStaging
+from hicache_umbp.clients.runtime import mori_loader_prefix, standalone_server_binary
+from hicache_umbp.contract.load import load_store_config
+from hicache_umbp.contract.page_limits import MLA_PARTS
+from hicache_umbp.contract.settings import BY_KEY
+from hicache_umbp.store.keys import KeyScheme
 from hicache_umbp.store.tiers import TieredClient
 
 pytestmark = pytest.mark.mori

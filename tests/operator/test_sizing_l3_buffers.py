@@ -16,8 +16,8 @@ import pytest
 from hicache_operator.api.config import OperatorConfig
 from hicache_operator.plan import Plan, SpecError, plan
 from hicache_operator.plan.summary import render_summary
-from hicache_umbp.clients.factories import SSD_STAGING_SLOTS, SSD_VALUE_BYTES_DEFAULT
 from hicache_umbp.contract.settings import BY_KEY
+from hicache_umbp.contract.staging import SSD_STAGING_SLOTS, SSD_VALUE_BYTES_DEFAULT
 from shc_testlib import load_example
 
 GI = 1024**3

@@ -22,8 +22,9 @@ from hicache_operator.planner.errors import Problems
 from hicache_operator.planner.sizing import page_geometry, size_pod
 from hicache_operator.planner.ssd import plan_ssd
 from hicache_operator.planner.validate import parse_cr
-from hicache_umbp.build import page_size_problems
-from hicache_umbp.contract.settings import BY_KEY, load_launch_config, render_env
+from hicache_umbp.contract.load import load_launch_config, render_env
+from hicache_umbp.contract.page_limits import page_size_problems
+from hicache_umbp.contract.settings import BY_KEY
 from hicache_umbp.contract.staging import SSD_STAGING_SLOTS, ssd_keys_per_call
 from shc_testlib import all_containers, load_example
 

@@ -80,7 +80,7 @@ def pod_of(sts: dict[str, Any], ordinal: int = 0) -> tuple[PodMeta, dict[str, An
 def make_image(workdir: Path) -> Image:
     """The engine image on this machine: ``python`` is the engine environment's interpreter,
     ``umbp_standalone_server`` mori's binary under the environment's loader."""
-    from hicache_umbp.clients.factories import mori_loader_prefix, standalone_server_binary
+    from hicache_umbp.clients.runtime import mori_loader_prefix, standalone_server_binary
 
     bin_dir = workdir / "image-bin"
     bin_dir.mkdir(parents=True, exist_ok=True)

@@ -13,9 +13,10 @@ is simulated: bytes, capacity, write-once keys and exact-size gets are mori's ow
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .memory_client import FAULTS, METHODS, Fault
@@ -106,16 +107,39 @@ class FaultyClient:
             self._on_close()
 
 
+@contextlib.contextmanager
+def use_client_opener(opener: Callable[[Any], Any]) -> Iterator[None]:
+    """SGLang backends of our adapter open their UMBP client with ``opener`` (rank config ->
+    client) instead of the configuration's mori clients while the block runs. The adapter opens
+    its client when SGLang registers the host pool: register inside the block.
+
+    The seam is the adapter module's name ``build_store`` (the store builder's own ``opener``
+    argument), replaced here for the block only: nothing in the product knows about it.
+    """
+    from hicache_umbp.sglang import adapter
+
+    real = adapter.build_store
+
+    def build_store(rank_config: Any, **kw: Any) -> Any:
+        return real(rank_config, opener=opener, **kw)
+
+    adapter.build_store = build_store  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        adapter.build_store = real
+
+
 def real_client_opener(
     made: list[FaultyClient] | None = None,
 ) -> Callable[[Any], FaultyClient]:
-    """An adapter client opener (``use_client_opener``) that opens the REAL mori client the
+    """A client opener (:func:`use_client_opener`) that opens the REAL mori client the
     rank's configuration asks for (one medium: the DRAM tier, embedded or standalone) and
     wraps it in a :class:`FaultyClient`; each one is appended to ``made``."""
-    from hicache_umbp.clients.factories import configured_media, make_client
+    from hicache_umbp.clients.factories import make_client
 
     def opener(rank_config: Any) -> FaultyClient:
-        media = configured_media(rank_config)
+        media = rank_config.media()
         if len(media) != 1:
             raise ValueError(f"real_client_opener opens one medium, the rank asks for {media}")
         opened = make_client(rank_config, media[0])

@@ -1,14 +1,11 @@
-"""UMBP clients: what the store needs from one (:class:`UMBPClientLike`) and how to build real ones.
+"""The real UMBP clients: mori's ``UMBPClient`` opened for one rank and one medium as the
+configuration asks, with what the store must respect when calling it (:class:`OpenedClient`).
 
-The real client (``mori.umbp.UMBPClient``) and the in-process double
-(``tests/support/memory_client.py``, test support, not shipped) both satisfy
-:class:`UMBPClientLike`; the double is trusted only because it passes the same contract suite as
-the real mori (tests/backend/contract.py).
+Every client satisfies the store's :class:`~hicache_umbp.store.protocol.UMBPClientLike`; mori is
+imported lazily (:mod:`.runtime`), so this package imports without it.
 
-mori is imported lazily inside the factories: the operator imports this package without mori.
-
-What amd-mori 1.2.4 really does (measured on CPU with scripts/mori-python; pinned by
-tests/backend/test_client_contract_mori.py):
+What amd-mori 1.2.4 really does (measured on CPU in the engine environment, make engine-env;
+pinned by tests/backend/test_client_contract_mori.py):
 
 * **Embedded DRAM** is ``UMBPConfig()`` with ``dram.capacity_bytes`` and ``ssd.enabled=False``.
   ``get_deployment_mode()`` reports ``Distributed`` even so (1.2.4 runs its local path through
@@ -24,7 +21,7 @@ tests/backend/test_client_contract_mori.py):
   ``slots x dram_page_size`` bytes, the rest fail. We set ``dram_page_size`` to the largest
   value size and keep batches <= ``slots`` keys.
 * **Standalone**: ``umbp_standalone_server unix:<path>`` (started under the trixie loader, see
-  :func:`mori_loader_prefix`) serves one medium configured by ``UMBP_*`` env
+  :func:`.runtime.mori_loader_prefix`) serves one medium configured by ``UMBP_*`` env
   (:func:`hicache_umbp.contract.mori_env.standalone_server_env`); a client sets
   ``standalone_process.address``. Only registered, memfd-backed buffers work
   (``UMBPHostBufferBacking.AnonymousShm``): a put from unregistered memory returns False.
@@ -41,74 +38,26 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
-from ..contract.settings import SSD_SLOT_BYTES_DEFAULT, ConfigError, Medium
-from ..contract.staging import (
-    SSD_STAGING_SLOTS as SSD_STAGING_SLOTS,  # re-exported (operator imports it)
-)
-from ..contract.staging import ssd_keys_per_call
+from ..contract.media import Medium
+from ..contract.mori_env import SSD_READ_LEASE_ENV, SSD_READ_LEASE_MS
+from ..contract.paths import standalone_socket_path
+from ..contract.settings import ConfigError
+from ..contract.staging import SSD_STAGING_SLOTS, SSD_VALUE_BYTES_DEFAULT, ssd_keys_per_call
+from ..store.protocol import UMBPClientLike
 from . import reaper
 from .guards import ReconnectingClient, SerializedClient
+from .runtime import import_umbp, require_distributed
 
 if TYPE_CHECKING:
     from ..contract.settings import RankConfig
 
 log = logging.getLogger(__name__)
-
-MIB = 1024 * 1024
-#: Largest value (one key's bytes) an SSD node accepts unless told otherwise: one staging slot.
-#: The store sizes embedded slots from the registered host pool's page part instead
-#: (hicache_umbp.build); this default is the standalone sidecar's slot (umbp_ssd_slot_bytes).
-SSD_VALUE_BYTES_DEFAULT = SSD_SLOT_BYTES_DEFAULT
-#: Env var holding the command prefix (trixie loader + --library-path) that mori binaries need
-#: on hosts older than glibc 2.38; set by scripts/mori-python, empty in the engine image.
-LOADER_ENV = "MORI_CPU_LOADER"
-#: mori 1.2.4's SSD node keeps a staging slot leased for ``UMBP_SSD_READ_LEASE_MS`` (~3 s by
-#: default) after each read, for a remote reader to pull it; with 16 slots every read batch
-#: after the first then stalls ~3 s. Our reads copy out of the slot inside the call (embedded
-#: and standalone alike), so a 1 ms lease is enough; mori reads the variable once per process,
-#: so it must be set before the first SSD client exists (measured: ~7 ms instead of ~3 s per
-#: 16-key read batch; tests/backend/test_tiers_mori.py).
-SSD_READ_LEASE_ENV = "UMBP_SSD_READ_LEASE_MS"
-SSD_READ_LEASE_MS = 1
-INFINIBAND_SYSFS = "/sys/class/infiniband"
-
-
-@runtime_checkable
-class UMBPClientLike(Protocol):
-    def batch_put_from_ptr(
-        self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int]
-    ) -> list[bool]: ...
-
-    def batch_get_into_ptr(
-        self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int]
-    ) -> list[bool]: ...
-
-    def batch_exists(self, keys: Sequence[str]) -> list[bool]: ...
-
-    def batch_exists_consecutive(self, keys: Sequence[str]) -> int: ...
-
-    def register_memory(self, ptr: int, size: int) -> bool: ...
-
-    def deregister_memory(self, ptr: int) -> None: ...
-
-    def flush(self) -> bool: ...
-
-
-class MoriUnavailableError(RuntimeError):
-    """``mori.umbp`` cannot be imported here (not the engine image / mori venv)."""
-
-
-class DistributedModeUnavailableError(RuntimeError):
-    """``umbp_mode=distributed`` was asked for where it cannot run."""
-
 
 class StandaloneServerUnavailableError(RuntimeError):
     """The standalone server's socket did not appear, or the client could not connect."""
@@ -139,83 +88,6 @@ class OpenedClient:
         finally:
             for hook in self._on_close:
                 hook()
-
-
-def import_umbp() -> Any:
-    try:
-        from mori import umbp  # lazy: mori is optional for every importer of this module
-    except ImportError as exc:  # pragma: no cover - depends on the interpreter
-        raise MoriUnavailableError(
-            "mori.umbp is not importable in this interpreter: run the store inside the engine "
-            "image, or in tests through scripts/mori-python (make mori-env)"
-        ) from exc
-    return umbp
-
-
-def mori_loader_prefix() -> list[str]:
-    """Command prefix for mori binaries: ``$MORI_CPU_LOADER`` split, or ``[]``."""
-    return shlex.split(os.environ.get(LOADER_ENV, ""))
-
-
-def standalone_server_binary() -> str:
-    """Path of ``umbp_standalone_server`` shipped inside the amd-mori wheel."""
-    env_bin = os.environ.get("UMBP_STANDALONE_BIN", "")
-    if env_bin:
-        return env_bin
-    umbp = import_umbp()
-    path = Path(umbp.__file__).resolve().parents[1] / "umbp_standalone_server"
-    if not path.is_file():
-        raise MoriUnavailableError(f"umbp_standalone_server not found at {path}")
-    return str(path)
-
-
-def rdma_devices(sysfs: str = INFINIBAND_SYSFS) -> list[str]:
-    """RDMA devices the kernel exposes (``/sys/class/infiniband``), sorted."""
-    try:
-        return sorted(os.listdir(sysfs))
-    except OSError:
-        return []
-
-
-def require_distributed(sysfs: str = INFINIBAND_SYSFS) -> None:
-    """Refuse distributed mode with the reason: no RDMA NIC, or not implemented yet."""
-    devices = rdma_devices(sysfs)
-    if not devices:
-        raise DistributedModeUnavailableError(
-            f"umbp_mode=distributed needs an RDMA NIC for mori's transfer engine, but "
-            f"{sysfs} lists no device on this host; use umbp_mode=embedded or standalone"
-        )
-    raise DistributedModeUnavailableError(
-        f"umbp_mode=distributed (RDMA devices {', '.join(devices)}) is not supported by this "
-        "backend yet; use umbp_mode=embedded or standalone"
-    )
-
-
-def configured_media(rank: RankConfig) -> tuple[Medium, ...]:
-    """The L3 media one rank uses, DRAM first.
-
-    embedded: DRAM when ``umbp_dram_bytes`` > 0, SSD when ``umbp_ssd_enabled``.
-    standalone: the DRAM server always, the SSD server when ``umbp_ssd_enabled``.
-    """
-    cfg = rank.config
-    if cfg.umbp_mode == "distributed":
-        require_distributed()
-    media: list[Medium] = []
-    if cfg.umbp_mode == "standalone" or rank.dram_bytes > 0:
-        media.append("dram")
-    if cfg.umbp_ssd_enabled:
-        media.append("ssd")
-    if not media:
-        raise ConfigError(
-            [f"rank {rank.local_rank}: no L3 tier configured: set umbp_dram_bytes > 0 or "
-             "umbp_ssd_enabled=true"]
-        )
-    return tuple(media)
-
-
-def standalone_socket_path(socket_dir: str, medium: Medium) -> str:
-    """``<umbp_socket_dir>/<medium>.sock``: one server per medium, shared by the pod's ranks."""
-    return os.path.join(socket_dir, f"{medium}.sock")
 
 
 def make_client(

@@ -7,8 +7,12 @@ the sidecar containers, and the tests start real servers with them. Measured on 
 
 from __future__ import annotations
 
-from .settings import SSD_SLOT_BYTES_DEFAULT, ConfigError, Medium
+from .media import Medium
+from .settings import SSD_SLOT_BYTES_DEFAULT, ConfigError
+from .staging import SSD_STAGING_SLOTS
 
+#: The standalone server binary of the amd-mori wheel (on PATH in the engine image).
+STANDALONE_SERVER_BINARY = "umbp_standalone_server"
 # mori's variables for a client of a standalone server (UMBPConfig.from_environment and SGLang's
 # built-in backend read them): the server address (``unix:<socket>``), and whether the client
 # may start a server itself (the operator's sidecar owns it: never).
@@ -19,6 +23,16 @@ DRAM_USE_HUGEPAGES = "UMBP_DRAM_USE_HUGEPAGES"
 DRAM_HUGEPAGE_SIZE = "UMBP_DRAM_HUGEPAGE_SIZE"
 DRAM_NUMA_NODE = "UMBP_DRAM_NUMA_NODE"
 DRAM_PREFAULT = "UMBP_DRAM_PREFAULT"
+#: A standalone server's DRAM pool (the umbp-dram sidecar's capacity; an SSD server stages in it).
+DRAM_CAPACITY = "UMBP_DRAM_CAPACITY"
+#: mori 1.2.4's SSD node keeps a staging slot leased for ``UMBP_SSD_READ_LEASE_MS`` (~3 s by
+#: default) after each read, for a remote reader to pull it; with 16 slots every read batch
+#: after the first then stalls ~3 s. Our reads copy out of the slot inside the call (embedded
+#: and standalone alike), so a 1 ms lease is enough; mori reads the variable once per process,
+#: so it must be set before the first SSD client exists (measured: ~7 ms instead of ~3 s per
+#: 16-key read batch; tests/backend/test_tiers_mori.py).
+SSD_READ_LEASE_ENV = "UMBP_SSD_READ_LEASE_MS"
+SSD_READ_LEASE_MS = 1
 
 
 def standalone_client_env(socket_path: str) -> dict[str, str]:
@@ -48,7 +62,7 @@ def standalone_server_env(
     hugepage_bytes: int = 0,
     numa_node: int = -1,
     value_bytes: int = SSD_SLOT_BYTES_DEFAULT,
-    staging_slots: int = 16,
+    staging_slots: int = SSD_STAGING_SLOTS,
 ) -> dict[str, str]:
     """mori's own ``UMBP_*`` variables for one ``umbp_standalone_server`` (one medium each).
 
@@ -67,7 +81,7 @@ def standalone_server_env(
     if medium == "dram":
         env = {
             "UMBP_ROLE": "standalone",
-            "UMBP_DRAM_CAPACITY": str(int(capacity_bytes)),
+            DRAM_CAPACITY: str(int(capacity_bytes)),
             "UMBP_SSD_ENABLED": "0",
         }
         if hugepage_bytes:
@@ -102,8 +116,8 @@ def standalone_server_env(
         "UMBP_DISTRIBUTED_DRAM_PAGE_SIZE": str(int(value_bytes)),
         "UMBP_DISTRIBUTED_SSD_STAGING_BUFFER_SLOTS": str(int(staging_slots)),
         "UMBP_DISTRIBUTED_SSD_STAGING_BUFFER_SIZE": str(staging),
-        "UMBP_DRAM_CAPACITY": str(staging),
+        DRAM_CAPACITY: str(staging),
         # The server copies reads out of its staging slots inside the call; the ~3 s default
-        # lease would stall every read batch after the first (hicache_umbp.clients.factories).
-        "UMBP_SSD_READ_LEASE_MS": "1",
+        # lease would stall every read batch after the first.
+        SSD_READ_LEASE_ENV: str(SSD_READ_LEASE_MS),
     }

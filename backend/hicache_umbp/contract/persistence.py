@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .media import l3_media, no_l3_tier
+
 LOST_DRAM = "lost (the DRAM pool lives in the process that restarts)"
 LOST_SSD = ("lost (mori 1.2.4 discards the SSD segment files it finds when its SSD tier "
             "starts, even on the same volume)")
@@ -53,8 +55,8 @@ def warm_cache_survival(mode: str, *, dram: bool, ssd: bool) -> WarmCache:
     if mode not in ("embedded", "standalone"):
         raise ValueError(f"mode={mode!r}: warm-cache behaviour is known for embedded and "
                          "standalone (distributed is not supported by this backend)")
-    if not (dram or ssd or mode == "standalone"):
-        raise ValueError("no L3 tier: set dram and/or ssd")
+    if not l3_media(mode, dram=dram, ssd=ssd):
+        raise ValueError(no_l3_tier(dram="dram", ssd="ssd"))
     if mode == "standalone":
         return WarmCache(KEPT_SIDECARS, LOST_POD_SSD if ssd else LOST_POD, LOST_MOVED)
     engine = LOST_SSD if ssd and not dram else LOST_DRAM

@@ -29,28 +29,26 @@ Every problem found is reported at once in one :class:`ConfigError` (a ``ValueEr
 
 from __future__ import annotations
 
-import json
-import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .builtin import L3_BACKENDS
+from .media import Medium, l3_media, no_l3_tier
 from .parsing import (
-    closest,
     parse_bool,
     parse_float,
     parse_int,
     parse_per_rank,
 )
+from .paths import REPORT_PATH, SOCKET_DIR, rank_ssd_dir
+from .units import GIB, MIB
 
 ENV_PREFIX = "HICACHE_"
 
 MODES = ("embedded", "standalone", "distributed")
 ALL_MODES = frozenset(MODES)
 
-KIB = 1024
-MIB = 1024 * KIB
-GIB = 1024 * MIB
 HUGEPAGE_SIZES = {"none": 0, "2Mi": 2 * MIB, "1Gi": GIB}
 HUGEPAGE_BYTES_ALLOWED = tuple(sorted(HUGEPAGE_SIZES.values()))
 #: Largest byte size any setting accepts (1 EiB): far above any host or SSD, far below what
@@ -60,22 +58,6 @@ MAX_BYTES = 1 << 60
 MAX_NUMA_NODE = 1023
 #: Default staging slot (largest page part) of an SSD node / the umbp-ssd sidecar.
 SSD_SLOT_BYTES_DEFAULT = 8 * MIB
-
-#: The L3 backends the launcher can start. ``umbp``: ours (``--hicache-storage-backend dynamic``
-#: with :mod:`hicache_umbp.sglang.adapter`). ``sglang-mori``: SGLang 0.5.23's built-in ``mori``
-#: backend (``--hicache-storage-backend mori``, ``storage/umbp/umbp_store.py``), which reads the
-#: ``SGLANG_HICACHE_HOST_*`` variables below and mori's own ``UMBP_*`` (:mod:`.mori_env`).
-L3_BACKENDS = ("umbp", "sglang-mori")
-BUILTIN_BACKEND = "sglang-mori"
-#: What SGLang's built-in host allocator (``umbp_host_allocator.py``) reads, once per process:
-#: hugepages on/off (default on), their size in bytes (default 2 MiB), ONE NUMA node for the
-#: whole process (``int()`` of the value: a per-rank list raises), prefault (default on).
-SGLANG_HOST_HUGEPAGE = "SGLANG_HICACHE_HOST_HUGEPAGE"
-SGLANG_HOST_HUGEPAGE_SIZE = "SGLANG_HICACHE_HOST_HUGEPAGE_SIZE"
-SGLANG_HOST_NUMA_NODE = "SGLANG_HICACHE_HOST_NUMA_NODE"
-SGLANG_HOST_PREFAULT = "SGLANG_HICACHE_HOST_PREFAULT"
-SGLANG_HOST_ALLOCATOR_ENV = (SGLANG_HOST_HUGEPAGE, SGLANG_HOST_HUGEPAGE_SIZE,
-                             SGLANG_HOST_NUMA_NODE, SGLANG_HOST_PREFAULT)
 
 Kind = Literal[
     "bool", "int", "bytes", "float", "str", "enum", "rank_int", "rank_bytes", "rank_port"
@@ -187,7 +169,7 @@ SETTINGS: tuple[Setting, ...] = (
        "ring makes the set wait briefly, then write to SSD synchronously.", minimum=1),
     _s("umbp_promote_on_hit", "bool", True, "Copy pages read from SSD into DRAM."),
     # --- standalone ----------------------------------------------------------------------------
-    _s("umbp_socket_dir", "str", "/var/run/umbp", "Directory holding the standalone servers' "
+    _s("umbp_socket_dir", "str", SOCKET_DIR, "Directory holding the standalone servers' "
        "UNIX sockets (dram.sock, ssd.sock), shared with the sidecars.", modes=_STA),
     _s("umbp_standalone_wait_s", "float", 120.0, "How long to wait for the sidecar sockets.",
        modes=_STA, minimum=0),
@@ -243,17 +225,13 @@ SETTINGS: tuple[Setting, ...] = (
        "instead of failing.", scope="launch"),
     _s("extra_args", "str", "[]", "JSON list of extra SGLang arguments (operator-owned flags "
        "are rejected before they get here).", scope="launch"),
-    _s("report_path", "str", "/var/run/hicache/launch-report.json", "Where the launcher writes "
+    _s("report_path", "str", REPORT_PATH, "Where the launcher writes "
        "what it resolved.", scope="launch"),
 )
 
 BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
 BY_ENV: dict[str, Setting] = {s.env: s for s in SETTINGS}
 STORE_KEYS = frozenset(s.key for s in SETTINGS if s.scope == "store")
-
-# Sizes rendered for mori's own UMBP_* variables (the standalone server reads them).
-Medium = Literal["dram", "ssd"]
-
 
 @dataclass(frozen=True)
 class StoreConfig:
@@ -297,7 +275,7 @@ class StoreConfig:
                  f"(umbp_local_ranks={self.umbp_local_ranks})"]
             )
         r = local_rank
-        ssd_dir = os.path.join(self.umbp_ssd_dir, f"rank-{r}") if self.umbp_ssd_dir else ""
+        ssd_dir = rank_ssd_dir(self.umbp_ssd_dir, r) if self.umbp_ssd_dir else ""
         return RankConfig(
             config=self,
             local_rank=r,
@@ -320,6 +298,17 @@ class RankConfig:
     ssd_bytes: int
     peer_port: int
     host_numa: int
+
+    def media(self) -> tuple[Medium, ...]:
+        """The L3 media this rank uses, DRAM first (:func:`~.media.l3_media`): embedded, DRAM
+        when ``umbp_dram_bytes`` > 0; standalone, the DRAM server always; SSD when
+        ``umbp_ssd_enabled``."""
+        cfg = self.config
+        media = l3_media(cfg.umbp_mode, dram=self.dram_bytes > 0, ssd=cfg.umbp_ssd_enabled)
+        if not media:
+            raise ConfigError([f"rank {self.local_rank}: " + no_l3_tier(
+                dram="umbp_dram_bytes", ssd="umbp_ssd_enabled")])
+        return media
 
 
 @dataclass(frozen=True)
@@ -396,221 +385,3 @@ def _parse_enum(s: Setting, label: str, raw: Any) -> Any:
     if v not in s.choices:
         raise ValueError(f"{label}={raw!r} is not allowed; allowed values: {allowed}")
     return v
-
-
-# ----------------------------------------------------------------------------- loading
-
-
-def _gather(
-    extra: Mapping[str, Any] | None,
-    env: Mapping[str, str] | None,
-    scopes: frozenset[str],
-    problems: list[str],
-    shadowed: dict[str, tuple[str, Any]] | None = None,
-) -> dict[str, tuple[str, Any]]:
-    """Raw values by key with the label of the source that won (extra-config over env).
-
-    Env values that extra-config overrides go to ``shadowed``: they are still checked, so a
-    broken variable is reported even while the extra-config hides it (it would surface the
-    day the extra-config key is removed).
-    """
-    raw: dict[str, tuple[str, Any]] = {}
-    for name, value in (env or {}).items():
-        if not name.startswith(ENV_PREFIX):
-            continue
-        s = BY_ENV.get(name)
-        if s is None:
-            problems.append(f"unknown variable {name}{closest(name, BY_ENV)}")
-        elif s.scope in scopes:
-            raw[s.key] = (name, value)
-    for key, value in (extra or {}).items():
-        if key in SGLANG_EXTRA_CONFIG_KEYS:
-            continue
-        s = BY_KEY.get(key)
-        if s is None or s.scope not in scopes:
-            valid = [k for k, v in BY_KEY.items() if v.scope in scopes]
-            problems.append(f"unknown extra-config key {key!r}{closest(key, valid)}")
-        else:
-            if shadowed is not None and key in raw:
-                shadowed[key] = raw[key]
-            raw[key] = (f"extra-config {key!r}", value)
-    return raw
-
-
-def _check_shadowed(
-    shadowed: dict[str, tuple[str, Any]], ranks: int, problems: list[str]
-) -> None:
-    for key, (label, value) in shadowed.items():
-        try:
-            parse_value(BY_KEY[key], label, value, ranks)
-        except ValueError as e:
-            problems.append(f"{e} (extra-config {key!r} overrides it; fix or unset {label})")
-
-
-def _resolve(
-    raw: dict[str, tuple[str, Any]], scopes: frozenset[str], problems: list[str]
-) -> tuple[dict[str, Any], dict[str, str]]:
-    values: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    ranks_setting = BY_KEY["umbp_local_ranks"]
-    ranks = ranks_setting.default
-    if "umbp_local_ranks" in raw:
-        label, v = raw["umbp_local_ranks"]
-        try:
-            ranks = parse_value(ranks_setting, label, v, 1)
-        except ValueError as e:
-            problems.append(str(e))
-    mode = BY_KEY["umbp_mode"].default
-    if "umbp_mode" in raw:
-        label, v = raw["umbp_mode"]
-        try:
-            mode = parse_value(BY_KEY["umbp_mode"], label, v, 1)
-        except ValueError as e:
-            problems.append(str(e))
-    for s in SETTINGS:
-        if s.scope not in scopes:
-            continue
-        if s.key in ("umbp_local_ranks", "umbp_mode"):  # parsed above: one error, not two
-            sources[s.key] = raw[s.key][0] if s.key in raw else "default"
-            continue
-        if s.key in raw:
-            label, v = raw[s.key]
-            if mode not in s.modes:
-                problems.append(
-                    f"{label} only applies in umbp_mode {'/'.join(sorted(s.modes))}, "
-                    f"not {mode!r}; remove it"
-                )
-                v = s.default
-                label = "default"
-            sources[s.key] = label
-        else:
-            label, v = "default", s.default
-            sources[s.key] = "default"
-        try:
-            values[s.key] = parse_value(s, label if label != "default" else s.key, v, ranks)
-        except ValueError as e:
-            problems.append(str(e))
-    values["umbp_local_ranks"] = ranks
-    values["umbp_mode"] = mode
-    return values, sources
-
-
-def _store_rules(v: dict[str, Any], problems: list[str]) -> None:
-    mode = v.get("umbp_mode")
-    if mode == "embedded" and v.get("umbp_ssd_enabled"):
-        if not v.get("umbp_ssd_dir"):
-            problems.append("umbp_ssd_enabled is true but umbp_ssd_dir is empty")
-        if any(b <= 0 for b in v.get("umbp_ssd_bytes", (1,))):
-            problems.append("umbp_ssd_enabled is true but umbp_ssd_bytes is 0 for some rank")
-    no_dram = any(b <= 0 for b in v.get("umbp_dram_bytes", (1,)))
-    if mode == "embedded" and not v.get("umbp_ssd_enabled") and no_dram:
-        problems.append(
-            "embedded mode has no tier: set umbp_dram_bytes > 0 for every rank or enable "
-            "the SSD tier (umbp_ssd_enabled, umbp_ssd_dir, umbp_ssd_bytes)"
-        )
-    if v.get("l3_backend") == BUILTIN_BACKEND:
-        _builtin_rules(v, problems)
-    if mode == "distributed" and not v.get("umbp_master_address"):
-        problems.append(
-            "umbp_mode distributed needs umbp_master_address (host:port of umbp_master)"
-        )
-
-
-def _builtin_rules(v: dict[str, Any], problems: list[str]) -> None:
-    """What SGLang's built-in backend cannot do on mori 1.2.4 (measured in
-    tests/backend/test_builtin_backend_sglang.py; docs/architecture.md compares the backends)."""
-    backend = f"{BY_KEY['l3_backend'].env}={BUILTIN_BACKEND}"
-    if v.get("umbp_ssd_enabled"):
-        problems.append(
-            f"{BY_KEY['umbp_ssd_enabled'].env}=true cannot be served by {backend} on mori 1.2.4: "
-            "in-process it never writes its SSD tier, and it sends a whole 128-page batch to a "
-            "standalone SSD server, which stages 16 values per batch and fails the rest; use "
-            "l3_backend umbp for an SSD tier")
-    if v.get("umbp_mode") == "distributed":
-        problems.append(f"{backend} runs embedded or standalone here, not distributed")
-    if v.get("host_prefault_threads"):
-        problems.append(
-            f"{BY_KEY['host_prefault_threads'].env}={v['host_prefault_threads']} cannot be "
-            f"honoured by {backend}: SGLang's built-in host allocator has no prefault thread "
-            "setting; leave it 0")
-
-
-def load_store_config(
-    extra: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
-) -> StoreConfig:
-    """Build the store configuration (extra-config over env over defaults).
-
-    ``env`` defaults to ``os.environ``; pass ``{}`` to ignore the environment. Variables of the
-    launcher scope are known (not "unknown") but not part of the store configuration.
-    """
-    env = os.environ if env is None else env
-    problems: list[str] = []
-    shadowed: dict[str, tuple[str, Any]] = {}
-    raw = _gather(extra, env, frozenset({"store"}), problems, shadowed)
-    values, sources = _resolve(raw, frozenset({"store"}), problems)
-    _check_shadowed(shadowed, values["umbp_local_ranks"], problems)
-    if not problems:
-        _store_rules(values, problems)
-    if problems:
-        raise ConfigError(problems)
-    return StoreConfig(**values, sources=sources)
-
-
-def load_launch_config(env: Mapping[str, str] | None = None) -> LaunchConfig:
-    """The launcher reads everything from the environment (the operator renders it)."""
-    env = os.environ if env is None else env
-    problems: list[str] = []
-    raw = _gather(None, env, frozenset({"store", "launch"}), problems)
-    values, sources = _resolve(raw, frozenset({"store", "launch"}), problems)
-    extra_args: tuple[str, ...] = ()
-    if "extra_args" in values:
-        try:
-            parsed = json.loads(values["extra_args"])
-            if not isinstance(parsed, list) or not all(isinstance(a, str) for a in parsed):
-                raise ValueError
-            extra_args = tuple(parsed)
-        except ValueError:
-            env_name = BY_KEY["extra_args"].env
-            problems.append(f"{env_name}={values['extra_args']!r} must be a JSON list of strings")
-    if not problems:
-        _store_rules(values, problems)
-    if problems:
-        raise ConfigError(problems)
-    store_values = {k: v for k, v in values.items() if k in STORE_KEYS}
-    launch_values = {k: v for k, v in values.items() if k not in STORE_KEYS}
-    launch_values["extra_args"] = extra_args
-    store = StoreConfig(**store_values, sources={k: sources[k] for k in STORE_KEYS})
-    return LaunchConfig(store=store, **launch_values)
-
-
-# ----------------------------------------------------------------------------- rendering
-
-
-def render_value(s: Setting, value: Any) -> str:
-    """The string form of ``value`` that :func:`parse_value` reads back (plain integers)."""
-    if s.kind == "bool":
-        return "true" if value else "false"
-    if isinstance(value, (list, tuple)):
-        return ",".join(str(int(v)) for v in value)
-    if s.kind == "float":
-        return repr(float(value))
-    return str(value)
-
-
-def render_env(values: Mapping[str, Any]) -> dict[str, str]:
-    """Environment variables for the given keys, validated by parsing them back.
-
-    The operator uses this so that what it renders is exactly what the pod will accept; a value
-    the pod would reject raises :class:`ConfigError` here, at plan time.
-    """
-    problems: list[str] = []
-    out: dict[str, str] = {}
-    for key, value in values.items():
-        s = BY_KEY.get(key)
-        if s is None:
-            problems.append(f"unknown key {key!r}{closest(key, BY_KEY)}")
-            continue
-        out[s.env] = render_value(s, value)
-    if problems:
-        raise ConfigError(problems)
-    return out

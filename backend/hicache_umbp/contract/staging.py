@@ -1,31 +1,26 @@
 """Staging memory of the L3 path: how much there is (pure formulas the operator's planner
-imports), the buffers that back the write-back ring, and the ring that carves them up.
+imports). The buffers are :mod:`hicache_umbp.store.ring` and :mod:`hicache_umbp.clients.buffers`.
 
 Sizes (:func:`staging_memory_per_rank`, :func:`write_back_ring_keys`): every staging slot holds
 one page *part* (K or V of an MHA page, the whole MLA page), so every size follows from the
 registered host pool's real part bytes, never from a default. Measured on amd-mori 1.2.4: an
 embedded SSD node with 16 slots of 8,994,816 B (a DeepSeek-R1 bf16 page of 128 tokens) grew the
 process RSS by 139.8 MiB for 137.25 MiB of slots (one prefaulted mapping).
-
-:class:`MemfdStaging` (any embedded client) and :class:`MoriShmStaging` (standalone servers accept
-only mori-allocated ``AnonymousShm`` buffers) back the ring; :class:`Ring` hands out slots in
-first-in-first-out order from one buffer, and slots may be released in any order (the space is
-reused once every older slot is released).
 """
 
 from __future__ import annotations
 
-import ctypes
-import mmap
-import os
-from collections import deque
 from dataclasses import dataclass
-from typing import Any, Protocol
 
-from .settings import BY_KEY, ConfigError
+from .settings import BY_KEY, SSD_SLOT_BYTES_DEFAULT, ConfigError
+from .units import ceil_div
 
 #: Staging slots of mori's SSD node per put batch (its ``ssd_staging_buffer_slots`` default).
 SSD_STAGING_SLOTS = 16
+#: Largest value (one key's bytes) an SSD node accepts unless told otherwise: one staging slot.
+#: The store sizes embedded slots from the registered host pool's page part instead
+#: (:mod:`hicache_umbp.build`); this default is the standalone sidecar's (umbp_ssd_slot_bytes).
+SSD_VALUE_BYTES_DEFAULT = SSD_SLOT_BYTES_DEFAULT
 
 
 @dataclass(frozen=True)
@@ -103,7 +98,7 @@ def ssd_keys_per_call(
     refuses the rest of a larger batch). 0 when one value needs more than every slot."""
     if value_bytes < 1 or slot_bytes < 1 or staging_slots < 1:
         raise ValueError("value_bytes, slot_bytes and staging_slots must be >= 1")
-    return staging_slots // -(-value_bytes // slot_bytes)
+    return staging_slots // ceil_div(value_bytes, slot_bytes)
 
 
 def sidecar_ssd_staging_bytes(slot_bytes: int, staging_slots: int = SSD_STAGING_SLOTS) -> int:
@@ -114,106 +109,3 @@ def sidecar_ssd_staging_bytes(slot_bytes: int, staging_slots: int = SSD_STAGING_
     if slot_bytes < 1 or staging_slots < 1:
         raise ValueError("slot_bytes and staging_slots must be >= 1")
     return staging_slots * slot_bytes
-
-
-class StagingBuffer(Protocol):
-    """Host memory the write-back ring lives in."""
-
-    ptr: int
-    size: int
-
-    def close(self) -> None: ...
-
-
-class MemfdStaging:
-    """A memfd-backed mapping: enough for embedded clients (the default)."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        fd = os.memfd_create("hicache-tier-staging", os.MFD_CLOEXEC)
-        try:
-            os.ftruncate(fd, size)
-            self._map = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        self._anchor: Any = ctypes.c_char.from_buffer(self._map)
-        self.ptr: int = ctypes.addressof(self._anchor)
-
-    def close(self) -> None:
-        del self._anchor
-        self._map.close()
-
-
-class MoriShmStaging:
-    """Memory from mori's host allocator with ``AnonymousShm`` backing.
-
-    Standalone servers accept only buffers mori allocated that way (``register_memory`` of
-    anything else raises), so a tiered client over standalone servers stages through this.
-    """
-
-    def __init__(self, size: int) -> None:
-        from ..clients.factories import import_umbp
-
-        umbp = import_umbp()
-        self._allocator = umbp.UMBPHostMemAllocator()
-        self._handle: Any = self._allocator.alloc(
-            size, umbp.UMBPHostBufferBacking.AnonymousShm, 0, -1, False
-        )
-        self.ptr = int(self._handle.ptr)
-        self.size = size
-
-    def close(self) -> None:
-        if self._handle is not None:
-            self._allocator.free(self._handle)
-            self._handle = None
-
-
-@dataclass
-class Slot:
-    key: str
-    offset: int
-    size: int
-    released: bool = False
-
-
-class Ring:
-    """First-in-first-out space in one buffer; slots may be released in any order."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.slots: deque[Slot] = deque()
-        self.head = 0  # where the next slot starts
-
-    def alloc(self, key: str, size: int) -> Slot | None:
-        if not 0 < size <= self.size:
-            return None
-        if not self.slots:
-            start = 0
-        else:
-            tail = self.slots[0].offset
-            if self.head > tail:  # live bytes are [tail, head): free at the end, then [0, tail)
-                if self.head + size <= self.size:
-                    start = self.head
-                elif size <= tail:
-                    start = 0
-                else:
-                    return None
-            elif self.head + size <= tail:  # wrapped: free bytes are [head, tail)
-                start = self.head
-            else:
-                return None
-        slot = Slot(key, start, size)
-        self.slots.append(slot)
-        self.head = start + size
-        return slot
-
-    def undo(self, count: int) -> None:
-        """Drop the ``count`` newest slots (a batch that did not fit as a whole)."""
-        for _ in range(count):
-            self.slots.pop()
-        self.head = self.slots[-1].offset + self.slots[-1].size if self.slots else 0
-
-    def release(self, slot: Slot) -> None:
-        slot.released = True
-        while self.slots and self.slots[0].released:
-            self.slots.popleft()

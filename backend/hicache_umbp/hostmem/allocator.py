@@ -37,18 +37,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..contract.units import GIB, MIB, round_up
+
 # The kernel-facing helpers live in hicache_umbp.hostmem.kernel; the public ones are re-exported.
 from .kernel import (
     BASE_PAGE,
-    GIB,
-    KIB,
-    MIB,
     _dont_fork,
     _libc,
     _map,
     _mbind,
     _prefault,
-    _round_up,
     allowed_numa_nodes,
     hugepages_free,
     kernel_page_size,
@@ -58,7 +56,7 @@ from .kernel import (
 )
 
 __all__ = [
-    "BASE_PAGE", "GIB", "HUGEPAGE_BYTES", "KIB", "MIB", "Backing", "HostAllocator", "HostBuffer",
+    "BASE_PAGE", "HUGEPAGE_BYTES", "Backing", "HostAllocator", "HostBuffer",
     "HugepagesUnavailableError", "allowed_numa_nodes", "hugepages_free", "kernel_page_size",
     "mapping_info", "node_cpus", "numa_nodes",
 ]
@@ -264,11 +262,11 @@ class HostAllocator:
         hp = self.hugepage_bytes
         ptr, mapped, fd = 0, 0, -1
         if hp:
-            mapped = _round_up(size, hp)
+            mapped = round_up(size, hp)
             ptr, fd = _map(mapped, self.shared, hp)
         demoted = hp > 0 and ptr == 0
         if ptr == 0:
-            mapped = _round_up(size, BASE_PAGE)
+            mapped = round_up(size, BASE_PAGE)
             ptr, fd = _map(mapped, self.shared, 0)
             if ptr == 0:
                 err = ctypes.get_errno()

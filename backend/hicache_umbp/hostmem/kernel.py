@@ -15,9 +15,8 @@ import mmap
 import os
 import threading
 
-KIB = 1024
-MIB = 1024 * KIB
-GIB = 1024 * MIB
+from ..contract.units import KIB, MIB, round_up
+
 BASE_PAGE = mmap.PAGESIZE
 
 _MAP_SHARED, _MAP_PRIVATE, _MAP_ANONYMOUS, _MAP_HUGETLB = 0x01, 0x02, 0x20, 0x40000
@@ -40,10 +39,6 @@ _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
 _libc.memset.restype = ctypes.c_void_p
 _libc.syscall.restype = ctypes.c_long
-
-
-def _round_up(n: int, align: int) -> int:
-    return -(-n // align) * align
 
 
 def numa_nodes() -> list[int]:
@@ -192,7 +187,7 @@ def _mbind(ptr: int, length: int, node: int) -> None:
 def _prefault(ptr: int, length: int, threads: int, node: int) -> int:
     cpus = node_cpus(node) if node >= 0 else os.sched_getaffinity(0)
     workers = max(1, min(threads or len(cpus), length // BASE_PAGE))
-    chunk = _round_up(-(-length // workers), 2 * MIB)
+    chunk = round_up(-(-length // workers), 2 * MIB)
     spans = [(o, min(chunk, length - o)) for o in range(0, length, chunk)]
     if len(spans) == 1:
         _populate(ptr, length)

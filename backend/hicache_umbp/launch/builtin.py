@@ -33,17 +33,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..clients.factories import standalone_socket_path
-from ..contract.mori_env import DRAM_NUMA_NODE, dram_tier_env, standalone_client_env
-from ..contract.settings import (
-    BY_KEY,
+from ..contract.builtin import (
     SGLANG_HOST_HUGEPAGE,
     SGLANG_HOST_HUGEPAGE_SIZE,
     SGLANG_HOST_NUMA_NODE,
     SGLANG_HOST_PREFAULT,
-    LaunchConfig,
-    parse_value,
 )
+from ..contract.mori_env import DRAM_NUMA_NODE, dram_tier_env, standalone_client_env
+from ..contract.paths import standalone_socket_path
+from ..contract.settings import BY_KEY, LaunchConfig, parse_value
 from .errors import LaunchError
 
 BACKEND_FLAG_VALUE = "mori"

@@ -27,18 +27,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..contract.settings import BUILTIN_BACKEND, BY_KEY, STORE_KEYS, LaunchConfig, render_env
+from ..contract.builtin import BUILTIN_BACKEND
+from ..contract.load import render_env
+from ..contract.names import SERVE_MODULE, dynamic_extra_config
+from ..contract.settings import BY_KEY, STORE_KEYS, LaunchConfig
+from ..contract.units import GB
 from .builtin import BACKEND_FLAG_VALUE, builtin_env, builtin_extra_config
 from .errors import LaunchError
-
-# The adapter's own constants (hicache_umbp.sglang.adapter BACKEND_NAME, MODULE_PATH,
-# CLASS_NAME) cannot be imported here: that module imports torch and sglang. The sglang test
-# tier (tests/launcher/test_launch_sglang.py) asserts these equal them.
-SERVE_MODULE = "hicache_umbp.serve"
-ADAPTER_MODULE = "hicache_umbp.sglang_adapter"
-ADAPTER_CLASS = "UMBPHiCacheStorage"
-BACKEND_NAME = "umbp"
-GB = 10**9
 
 # Flags the launcher renders; user extra args must not repeat them (argparse keeps the last
 # value silently, which would undo what the operator sized).
@@ -98,12 +93,7 @@ def store_extra_config(cfg: LaunchConfig, resolved: Mapping[str, Any]) -> dict[s
     """The backend's extra-config: SGLang's dynamic-backend keys, then every store key that is
     not at its default (as the store will read it), then what the launcher resolved on the node.
     """
-    extra: dict[str, Any] = {
-        "backend_name": BACKEND_NAME,
-        "module_path": ADAPTER_MODULE,
-        "class_name": ADAPTER_CLASS,
-        "interface_v1": 1,
-    }
+    extra = dynamic_extra_config()
     store = cfg.store
     for key in sorted(STORE_KEYS):
         if store.sources.get(key, "default") != "default":

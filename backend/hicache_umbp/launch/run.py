@@ -13,7 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..contract.settings import BY_KEY, ConfigError, LaunchConfig, load_launch_config
+from ..contract.load import load_launch_config
+from ..contract.settings import BY_KEY, ConfigError, LaunchConfig
 from ..contract.units import fmt_bytes
 from .command import Command, expected_ranks, render_command, shell_quote
 from .errors import LaunchError

@@ -22,8 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..clients import reaper
-from ..clients.factories import standalone_socket_path
-from ..contract.settings import BY_KEY, Medium, StoreConfig
+from ..contract.media import Medium, l3_media
+from ..contract.paths import standalone_socket_path
+from ..contract.settings import BY_KEY, StoreConfig
 from .errors import LaunchError
 from .noderoot import NodeRoot
 
@@ -33,9 +34,9 @@ _POLL_MAX_S = 1.0
 
 
 def media(store: StoreConfig) -> tuple[Medium, ...]:
-    """The media the sidecars serve: DRAM always, SSD when the SSD tier is enabled (as
-    :func:`hicache_umbp.clients.factories.configured_media` opens them)."""
-    return ("dram", "ssd") if store.umbp_ssd_enabled else ("dram",)
+    """The media the sidecars serve: DRAM always, SSD when the SSD tier is enabled (the media
+    every rank's store opens, :func:`hicache_umbp.contract.media.l3_media`)."""
+    return l3_media("standalone", dram=True, ssd=store.umbp_ssd_enabled)
 
 
 def socket_paths(store: StoreConfig) -> tuple[str, ...]:

@@ -41,12 +41,11 @@ Never-raise contract: the batch methods return one bool per page (an int for
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -58,9 +57,10 @@ from sglang.srt.mem_cache.hicache_storage import (
 )
 
 from ..build import build_store
-from ..clients.factories import UMBPClientLike
-from ..contract.settings import ConfigError, RankConfig, StoreConfig, load_store_config
-from ..store.keys import MHA_PARTS, MLA_PARTS, KeyScheme, PageFormat
+from ..contract.load import load_store_config
+from ..contract.page_limits import MHA_PARTS, MLA_PARTS
+from ..contract.settings import ConfigError, RankConfig, StoreConfig
+from ..store.keys import KeyScheme, PageFormat
 from ..store.ratelimit import RateLimitedLog
 from ..store.store import PagePointers, UMBPStore
 from .host_pool import PointerPlan, host_buffer_ranges, page_format_of
@@ -68,42 +68,7 @@ from .ranks import RankPosition, rank_position
 
 log = logging.getLogger(__name__)
 
-BACKEND_NAME = "umbp"
-MODULE_PATH = "hicache_umbp.sglang_adapter"  # the public load path (the alias module)
-CLASS_NAME = "UMBPHiCacheStorage"
 SUPPORTED_LAYOUTS = ("page_first", "page_first_direct", "page_head")
-
-ClientOpener = Callable[[RankConfig], UMBPClientLike]
-_client_opener: ClientOpener | None = None
-
-
-def dynamic_extra_config(**settings: Any) -> dict[str, Any]:
-    """The ``--hicache-storage-backend-extra-config`` dict that loads this backend."""
-    return {
-        "backend_name": BACKEND_NAME,
-        "module_path": MODULE_PATH,
-        "class_name": CLASS_NAME,
-        "interface_v1": 1,
-        **settings,
-    }
-
-
-@contextlib.contextmanager
-def use_client_opener(opener: ClientOpener) -> Iterator[None]:
-    """Open UMBP clients with ``opener`` instead of the configuration's mori clients for
-    backends constructed while the block runs (the client opens later, when SGLang registers
-    the host pool).
-
-    Never used in production. Tests use it to wrap the real mori client in a fault injector
-    (``tests/support/faults.py``) and benchmarks to put a client that returns at once under
-    the adapter (its own cost, measured apart from mori's).
-    """
-    global _client_opener
-    previous, _client_opener = _client_opener, opener
-    try:
-        yield
-    finally:
-        _client_opener = previous
 
 
 # ----------------------------------------------------------------------------- rank position
@@ -173,7 +138,6 @@ class UMBPHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # sglang is unt
         self.backend_tag = self._backend_tag(extra)
         # Opened by register_mem_pool_host: the page part size and format come from the pool.
         self.stores: list[UMBPStore] = []
-        self._opener = _client_opener  # the one in effect when SGLang built the backend
         self.page_format: PageFormat | None = None
         self.value_bytes = 0
         self.parts_per_page = len(MLA_PARTS) if self.is_mla else len(MHA_PARTS) * self.split_factor
@@ -264,9 +228,7 @@ class UMBPHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # sglang is unt
         """The head store (it owns the client) and one sibling per further split-head group:
         siblings share the client, its batch limit and the buffer registrations."""
         first, *others = self._schemes(fmt)
-        head = build_store(
-            self.rank_config, keys=first, value_bytes=value_bytes, opener=self._opener
-        )
+        head = build_store(self.rank_config, keys=first, value_bytes=value_bytes)
         return [head, *(head.sibling(s) for s in others)]
 
     # ------------------------------------------------------------------ registration

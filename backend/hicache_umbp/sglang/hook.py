@@ -50,7 +50,11 @@ from typing import Any
 
 import torch
 
-from ..contract.settings import BY_KEY, ConfigError, StoreConfig, load_store_config
+from ..contract.load import load_store_config
+from ..contract.names import ADAPTER_MODULE
+from ..contract.paths import host_pool_status_path
+from ..contract.settings import BY_KEY, ConfigError, StoreConfig
+from ..contract.units import page_label
 from ..contract.versions import SGLANG_VERSION
 
 log = logging.getLogger(__name__)
@@ -68,7 +72,6 @@ BINDING_MODULES = (
     "sglang.srt.mem_cache.pool_host.mha",
     "sglang.srt.mem_cache.memory_pool_host",
 )
-ADAPTER_MODULE = "hicache_umbp.sglang_adapter"
 # SGLang's built-in backend's allocator kind (pool_host.common.get_allocator_from_storage).
 BUILTIN_ALLOCATOR_TYPE = "mori"
 
@@ -378,7 +381,7 @@ def allocate_region(
         local_rank=local_rank,
         ptr=int(region.ptr),
         nbytes=nbytes,
-        backing=f"{b.path}{'/shm' if b.shared else ''}/{_page_name(b.page_bytes)}",
+        backing=f"{b.path}{'/shm' if b.shared else ''}/{page_label(b.page_bytes)}",
         page_bytes=int(b.page_bytes),
         hugepage_bytes_requested=config.host_hugepage_bytes,
         demoted=bool(b.demoted),
@@ -404,14 +407,6 @@ def allocate_region(
     return region, record
 
 
-def _page_name(page_bytes: int) -> str:
-    if page_bytes >= 1 << 30:
-        return f"{page_bytes >> 30}GiB"
-    if page_bytes >= 1 << 20:
-        return f"{page_bytes >> 20}MiB"
-    return f"{page_bytes >> 10}KiB"
-
-
 def region_view(region: Any) -> Any:
     """A writable buffer-protocol view of a core allocator region (it keeps the region alive,
     and the region keeps its allocator alive)."""
@@ -432,7 +427,7 @@ def _write_status(record: HostPoolAllocation) -> None:
     report = os.environ.get(BY_KEY["report_path"].env)
     if not report:
         return
-    path = os.path.join(os.path.dirname(report), f"host-pool-rank{record.local_rank}.json")
+    path = host_pool_status_path(report, record.local_rank)
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w", encoding="utf-8") as f:

@@ -40,10 +40,10 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 from urllib.parse import quote, unquote
 
+from ..contract.page_limits import MHA_PARTS
+
 SCHEME_VERSION = 2
 SCHEME = f"hicache/v{SCHEME_VERSION}"
-MHA_PARTS: tuple[str, ...] = ("k", "v")
-MLA_PARTS: tuple[str, ...] = ("kv",)
 _FIELDS_BEFORE_HASH = 12  # "hicache", "v2", then the ten escaped fields
 
 

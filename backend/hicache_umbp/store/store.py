@@ -27,9 +27,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..clients.factories import UMBPClientLike
 from .keys import KeyScheme
 from .pages import flatten_pages, is_int, page_pointers
+from .protocol import UMBPClientLike
 from .ratelimit import RateLimitedLog
 
 log = logging.getLogger(__name__)

@@ -48,12 +48,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..clients.factories import UMBPClientLike
-from ..contract.staging import SSD_STAGING_SLOTS, MemfdStaging, MoriShmStaging, StagingBuffer
+from ..contract.staging import SSD_STAGING_SLOTS
+from .protocol import UMBPClientLike
 from .ratelimit import RateLimitedLog
+from .ring import MemfdStaging, StagingBuffer
 from .writeback import BatchCall, WriteBackRing
 
-__all__ = ["MemfdStaging", "MoriShmStaging", "StagingBuffer", "TierStats", "TieredClient"]
+__all__ = ["TierStats", "TieredClient"]
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..clients.factories import UMBPClientLike
-from ..contract.staging import Ring, Slot, StagingBuffer
+from .protocol import UMBPClientLike
 from .ratelimit import RateLimitedLog
+from .ring import Ring, Slot, StagingBuffer
 
 BatchCall = Callable[[Sequence[str], Sequence[int], Sequence[int]], list[bool]]
 WRITER_THREAD = "hicache-tier-writeback"

@@ -107,20 +107,3 @@ def format_bytes(n: int) -> str:
         if n % factor == 0:
             return f"{n // factor}{suffix}"
     return str(n)
-
-
-def human_bytes(n: int) -> str:
-    """A short human reading for summaries (``1.50 TiB``); never used in manifests."""
-    for power, unit in enumerate(("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")):
-        if n < 1024 ** (power + 1) or unit == "EiB":
-            # Integer scaling first: a float of an arbitrary int can overflow.
-            value = n / 1024**power if n < 2**1000 else float("inf")
-            return f"{n} B" if power == 0 else f"{value:.2f} {unit}"
-    return f"{n} B"  # pragma: no cover - loop always returns
-
-
-def round_up(n: int, multiple: int) -> int:
-    """``n`` rounded up to a multiple of ``multiple`` (``multiple`` <= 1 returns ``n``)."""
-    if multiple <= 1:
-        return n
-    return -(-n // multiple) * multiple

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from hicache_umbp.contract.builtin import BUILTIN_BACKEND, PREFAULT_THREADS_REFUSAL, SSD_REFUSAL
 from pydantic import ConfigDict, Field
 
 from .k8s import Affinity, EnvVarSource, ModelVolumeSource, UpdateStrategy
@@ -412,15 +413,12 @@ class Eviction(ApiModel):
     )
 
 
-#: SpecValid message of an SSD tier with SGLang's built-in backend (planner and CEL alike).
-BUILTIN_SSD_MESSAGE = (
-    "the SSD tier needs backend umbp on mori 1.2.4: SGLang's built-in mori backend never "
-    "writes its SSD tier in-process, and a standalone SSD server fails the part of each "
-    "backup batch beyond its 16 staging slots (Write page to storage: N pages failed)"
-)
+#: SpecValid messages of what SGLang's built-in backend cannot do (planner and CEL alike), in
+#: the backend contract's words (:mod:`hicache_umbp.contract.builtin`).
+BUILTIN_SSD_MESSAGE = SSD_REFUSAL
 BUILTIN_PREFAULT_THREADS_MESSAGE = (
-    "prefaultThreads cannot be honoured with l3.backend sglang-mori: SGLang's built-in host "
-    "allocator has no thread setting; leave it 0 or use backend umbp"
+    f"prefaultThreads cannot be honoured with l3.backend {BUILTIN_BACKEND}: "
+    f"{PREFAULT_THREADS_REFUSAL}"
 )
 
 

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from hicache_umbp.contract.media import Medium
 from hicache_umbp.contract.mori_env import standalone_server_env
-from hicache_umbp.contract.settings import Medium
+from hicache_umbp.contract.names import LAUNCH_COMMAND
+from hicache_umbp.contract.paths import REPORT_DIR, SOCKET_DIR, SSD_MOUNT
 
 from ..api.quantity import format_bytes
 from ..planner.engine import (
-    LAUNCH_COMMAND,
-    REPORT_DIR,
     SIDECAR_MEDIUM,
-    SOCKET_DIR,
     sidecar_socket,
     standalone_server_command,
 )
@@ -28,7 +27,7 @@ from ..planner.security import (
     sidecar_security_context,
 )
 from ..planner.sizing import ContainerSizing
-from ..planner.ssd import SSD_MOUNT, SSD_VOLUME
+from ..planner.ssd import SSD_VOLUME
 from .context import CONFIG_HASH_ANNOTATION, BuildInput
 
 SHM_VOLUME = "dshm"

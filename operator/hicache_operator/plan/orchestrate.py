@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
+from hicache_umbp.contract.media import l3_media, no_l3_tier
+from hicache_umbp.contract.units import fmt_bytes
 
 from ..api.config import NodeFacts, OperatorConfig
-from ..api.quantity import format_bytes, human_bytes, parse_bytes
+from ..api.quantity import format_bytes, parse_bytes
 from ..api.spec import SGLangHiCacheSpec
 from ..api.status import CacheTier, PlanStatus, RankPlan, TopologyPlan
 from ..builders import (
@@ -28,7 +30,6 @@ from ..builders import (
     build_statefulset,
 )
 from ..planner.engine import (
-    SOCKET_DIR,
     EngineEnv,
     attention_tp_size,
     check_mla_l3,
@@ -127,12 +128,9 @@ def plan(
             "standalone mode always runs a DRAM server (mori serves one medium per "
             "server and the store connects to dram.sock): set a capacity > 0",
         )
-    if (
-        spec.l3.mode == "embedded"
-        and parse_bytes(spec.l3.dram.capacity) == 0
-        and not spec.l3.ssd.enabled
-    ):
-        problems.add("spec.l3", "no L3 tier: set l3.dram.capacity > 0 or enable l3.ssd")
+    if not l3_media(spec.l3.mode, dram=parse_bytes(spec.l3.dram.capacity) > 0,
+                    ssd=spec.l3.ssd.enabled):
+        problems.add("spec.l3", no_l3_tier(dram="l3.dram.capacity", ssd="l3.ssd"))
     ssd = plan_ssd(spec, ranks, policy, problems)
     page = page_geometry(spec, attention_tp_size(spec), problems)
     sizing = size_pod(
@@ -228,7 +226,7 @@ def _warnings(
             f"l3.dram.capacity {spec.l3.dram.capacity} over {sizing.ranks} ranks rounds down "
             f"to whole {format_bytes(sizing.dram_page)} pages: "
             f"{format_bytes(sizing.dram_per_rank)} per rank, "
-            f"{format_bytes(sizing.dram_total)} in total ({human_bytes(lost)} less than asked); "
+            f"{format_bytes(sizing.dram_total)} in total ({fmt_bytes(lost)} less than asked); "
             f"use a multiple of {sizing.ranks} x {format_bytes(sizing.dram_page)}"
         )
     strategy = spec.update_strategy.rolling_update
@@ -295,4 +293,4 @@ def _status_plan(sizing: PodSizing, topology: Topology, warnings: list[str]) -> 
     return status.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
-__all__ = ["SOCKET_DIR", "Plan", "SpecError", "human_bytes", "plan"]
+__all__ = ["Plan", "SpecError", "plan"]

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import shlex
 
-from hicache_umbp.contract.units import k8s_hugepage_resource
+from hicache_umbp.contract.units import fmt_bytes, k8s_hugepage_resource
 
-from ..api.quantity import format_bytes, human_bytes
+from ..api.quantity import format_bytes
 from ..planner.engine import SIDECAR_MEDIUM, standalone_server_command
 from .orchestrate import Plan
 
 
 def _bytes(n: int) -> str:
-    return f"{human_bytes(n)} ({n} B)" if n else "0"
+    return f"{fmt_bytes(n)} ({n} B)" if n else "0"
 
 
 def render_summary(p: Plan) -> str:
@@ -103,9 +103,10 @@ def warm_cache(p: Plan) -> str:
 
     dram = p.sizing.dram_total > 0
     ssd = p.ssd.enabled
-    if p.spec.l3.mode == "embedded" and not (dram or ssd):
-        return "no L3 tier"
-    return warm_cache_survival(p.spec.l3.mode, dram=dram, ssd=ssd).summary()
+    try:
+        return warm_cache_survival(p.spec.l3.mode, dram=dram, ssd=ssd).summary()
+    except ValueError as e:  # no L3 tier (the plan was refused for it)
+        return str(e)
 
 
 def sidecar_lines(p: Plan) -> list[str]:

@@ -1,9 +1,10 @@
 """The engine container's env (the backend's env contract) and the SGLang command it leads to.
 
-Env names, parsers and the command renderer are imported from the backend
-(:mod:`hicache_umbp.contract.settings`, :mod:`hicache_umbp.launch.command`): the operator renders
-exactly what the pod reads, and what it shows as "the SGLang command line" is what the launcher will
-exec for that env (with NUMA nodes still ``auto`` until the pod resolves them).
+Env names, parsers and the command renderer are imported from the backend's contract
+(:mod:`hicache_umbp.contract`) and its launcher (:mod:`hicache_umbp.launch.command`): the
+operator renders exactly what the pod reads, and what it shows as "the SGLang command line" is
+what the launcher will exec for that env (with NUMA nodes still ``auto`` until the pod resolves
+them).
 """
 
 from __future__ import annotations
@@ -12,28 +13,27 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from hicache_umbp.build import page_size_problems
-from hicache_umbp.clients.factories import standalone_socket_path
-from hicache_umbp.contract.settings import (
-    BUILTIN_BACKEND,
-    BY_KEY,
-    SGLANG_HOST_ALLOCATOR_ENV,
-    ConfigError,
-    Medium,
-    RankConfig,
-    load_launch_config,
-    render_env,
+from hicache_umbp.contract.builtin import BUILTIN_BACKEND, SGLANG_HOST_ALLOCATOR_ENV
+from hicache_umbp.contract.load import load_launch_config, render_env
+from hicache_umbp.contract.media import Medium
+from hicache_umbp.contract.mori_env import STANDALONE_SERVER_BINARY
+from hicache_umbp.contract.page_limits import page_size_problems
+from hicache_umbp.contract.paths import (
+    REPORT_PATH,
+    SOCKET_DIR,
+    SSD_MOUNT,
+    standalone_socket_path,
 )
-from hicache_umbp.launch.command import GB, owned_flag, render_command
+from hicache_umbp.contract.settings import BY_KEY, ConfigError, RankConfig
+from hicache_umbp.contract.units import GB
+from hicache_umbp.launch.command import owned_flag, render_command
 from hicache_umbp.launch.errors import LaunchError
 
 from ..api.spec import SGLangHiCacheSpec
 from .errors import Problems
 from .sizing import PodSizing, largest_page_size, page_size_refusal
-from .ssd import SSD_MOUNT, SsdLayout
+from .ssd import SsdLayout
 
-SOCKET_DIR = "/var/run/umbp"
-REPORT_DIR = "/var/run/hicache"
 OWNED_ENV_PREFIXES = ("HICACHE_", "UMBP_")
 # SGLang's built-in backend's host allocator reads SGLANG_HICACHE_HOST_*: the launcher renders
 # them from spec.hiCache.hostAllocator (an engine env entry would fight it, or with backend umbp
@@ -41,8 +41,6 @@ OWNED_ENV_PREFIXES = ("HICACHE_", "UMBP_")
 OWNED_ENV_NAMES = frozenset(
     {"SGLANG_DP_RANK", "SGLANG_DP_SIZE", "POD_NAME", "POD_NAMESPACE", *SGLANG_HOST_ALLOCATOR_ENV}
 )
-LAUNCH_COMMAND = ("python", "-m", "hicache_umbp.launch")
-STANDALONE_SERVER_BINARY = "umbp_standalone_server"  # on PATH in the engine image
 SIDECAR_MEDIUM: dict[str, Medium] = {"umbp-dram": "dram", "umbp-ssd": "ssd"}
 #: SGLang serves Prometheus metrics on its HTTP port (/metrics) with this flag; the operator
 #: scrapes them into status.cache (operator configuration cacheMetrics.enabled).
@@ -132,7 +130,7 @@ def mla_warnings(spec: SGLangHiCacheSpec) -> list[str]:
     if spec.model.attention != "auto" or tp <= 1 or spec.l3.mode != "embedded":
         return []
     what = ("the built-in backend serves it no L3 hit at all (only rank 0 keeps pages, SGLang "
-            "takes the minimum over the TP group)" if spec.l3.backend == "sglang-mori" else
+            "takes the minimum over the TP group)" if spec.l3.backend == BUILTIN_BACKEND else
             "the engine refuses to start (per-rank stores never hit)")
     return [f"model.attention is auto with attention tensor parallelism {tp} and an embedded "
             f"L3: if the model is MLA (DeepSeek-V2/V3/R1, Kimi K2) {what}; set model.attention "
@@ -204,7 +202,7 @@ def contract_values(
         "numa_policy": hc.host_allocator.numa,
         "ssd_allow_posix_fallback": l3.ssd.allow_posix_fallback,
         "extra_args": json.dumps(sglang_extra_args(spec, enable_metrics)),
-        "report_path": f"{REPORT_DIR}/launch-report.json",
+        "report_path": REPORT_PATH,
     }
     if hc.host_pool_per_rank is not None:
         v["host_pool_bytes"] = sizing.host_pool_per_rank

@@ -14,12 +14,12 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from hicache_umbp.contract.paths import REPORT_DIR, SOCKET_DIR, SSD_MOUNT
+
 from ..api.k8s import Affinity, LabelSelector, NodeSelectorTerm, PodAffinity
 from ..api.spec import SGLangHiCacheSpec
 from ..api.types import DNS1123_SUBDOMAIN
-from .engine import REPORT_DIR, SOCKET_DIR
 from .errors import Problems
-from .ssd import SSD_MOUNT
 
 _QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _DNS1123_SUBDOMAIN = re.compile(DNS1123_SUBDOMAIN)

@@ -86,20 +86,27 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from hicache_umbp.clients.factories import SSD_STAGING_SLOTS, SSD_VALUE_BYTES_DEFAULT
+from hicache_umbp.contract.page_limits import MHA_PARTS, MLA_PARTS
 from hicache_umbp.contract.settings import HUGEPAGE_SIZES, ConfigError
-from hicache_umbp.contract.staging import sidecar_ssd_staging_bytes, staging_memory_per_rank
-from hicache_umbp.contract.units import k8s_hugepage_resource
-from hicache_umbp.store.keys import MHA_PARTS, MLA_PARTS
+from hicache_umbp.contract.staging import (
+    SSD_STAGING_SLOTS,
+    SSD_VALUE_BYTES_DEFAULT,
+    sidecar_ssd_staging_bytes,
+    staging_memory_per_rank,
+)
+from hicache_umbp.contract.units import (
+    GIB,
+    KIB,
+    PAGE_4K,
+    fmt_bytes,
+    k8s_hugepage_resource,
+    round_up,
+)
 
 from ..api.config import OperatorConfig
-from ..api.quantity import format_bytes, human_bytes, parse_bytes, round_up
+from ..api.quantity import format_bytes, parse_bytes
 from ..api.spec import SGLangHiCacheSpec
 from .errors import Problems
-
-KIB = 1024
-GIB = 1024**3
-PAGE_4K = 4 * KIB
 
 ENGINE_BASE_MEMORY = 16 * GIB
 ENGINE_MEMORY_PER_RANK = 12 * GIB
@@ -612,16 +619,16 @@ def _check_fit(s: PodSizing, config: OperatorConfig, problems: Problems) -> None
         path = "spec.hiCache.hostPoolPerRank" if host >= s.dram_total else "spec.l3.dram.capacity"
         problems.add(
             path,
-            f"the pod needs hugepages {hp_total} B ({human_bytes(hp_total)}) + memory "
-            f"{s.memory_total} B ({human_bytes(s.memory_total)}) = "
+            f"the pod needs hugepages {hp_total} B ({fmt_bytes(hp_total)}) + memory "
+            f"{s.memory_total} B ({fmt_bytes(s.memory_total)}) = "
             f"{hp_total + s.memory_total} B, more than the node's {node_mem} B "
-            f"({human_bytes(node_mem)}, {facts.gpu_model} node facts)",
+            f"({fmt_bytes(node_mem)}, {facts.gpu_model} node facts)",
         )
     max_hp = policy.max_hugepages_bytes
     if hp_total > max_hp:
         problems.add(
             "spec.hiCache.hostPoolPerRank",
-            f"hugepages per pod {hp_total} B ({human_bytes(hp_total)}) exceed the admin policy "
+            f"hugepages per pod {hp_total} B ({fmt_bytes(hp_total)}) exceed the admin policy "
             f"maxHugepagesPerPod {policy.max_hugepages_per_pod} ({max_hp} B)",
         )
     if s.cpu_total > facts.cpus:

@@ -12,12 +12,13 @@ import posixpath
 from dataclasses import dataclass
 from typing import Any
 
+from hicache_umbp.contract.paths import SSD_MOUNT, rank_ssd_dir
+
 from ..api.config import AdminPolicy
 from ..api.quantity import format_bytes, parse_bytes
 from ..api.spec import SGLangHiCacheSpec
 from .errors import Problems
 
-SSD_MOUNT = "/mnt/umbp-ssd"
 SSD_VOLUME = "umbp-ssd"
 
 
@@ -128,7 +129,7 @@ def plan_ssd(
                 "spec.l3.ssd.capacity", f"{capacity} B / {ranks} ranks leaves 0 B per rank"
             )
         lines.append(f"SSD per rank = {capacity} B / {ranks} ranks = {per_rank} B")
-        dirs = tuple(f"{SSD_MOUNT}/rank-{r}" for r in range(ranks))
+        dirs = tuple(rank_ssd_dir(SSD_MOUNT, r) for r in range(ranks))
     else:
         dirs = (SSD_MOUNT,)
     return SsdLayout(

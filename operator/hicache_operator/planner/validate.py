@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hicache_umbp.contract.builtin import BUILTIN_BACKEND
 from pydantic import ValidationError
 
 from ..api.crd import MAX_NAME_LENGTH
@@ -189,7 +190,7 @@ def check_cross_field_rules(spec: SGLangHiCacheSpec, problems: Problems) -> None
             "umbp_standalone_server of mori 1.2.4 always uses io_uring (and falls back to "
             "posix by itself); use io_uring or mode embedded",
         )
-    if spec.l3.backend == "sglang-mori":
+    if spec.l3.backend == BUILTIN_BACKEND:
         if ssd.enabled:
             problems.add("spec.l3", BUILTIN_SSD_MESSAGE)
         if hc.host_allocator.prefault_threads:
