@@ -20,11 +20,12 @@ from typing import Any
 import aiohttp
 
 from ..api.config import CacheMetricsConfig
-from ..controller import metrics
 from .scrape import ScrapeError, fetch_pod, pod_url
 from .sglang_metrics import CacheFigures, PodCounters, aggregate, increase
 
 Key = tuple[str, str]
+#: Told of every scrape: its result ("ok" or "error") and its seconds (the operator's metrics).
+ScrapeListener = Callable[[str, float], None]
 
 
 def _ready(pod: Mapping[str, Any]) -> bool:
@@ -48,8 +49,9 @@ class CacheObservation:
 
 class CacheObserver:
     def __init__(self, config: CacheMetricsConfig,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.config, self.clock = config, clock
+                 clock: Callable[[], float] = time.monotonic,
+                 on_scrape: ScrapeListener | None = None) -> None:
+        self.config, self.clock, self.on_scrape = config, clock, on_scrape
         self._history: dict[Key, dict[str, _PodHistory]] = {}
         self._cursor: dict[Key, int] = {}
         self._session: aiohttp.ClientSession | None = None
@@ -89,14 +91,13 @@ class CacheObserver:
         session, slots = self._session_for_loop()
         async with slots:
             started = time.perf_counter()
+            result = "error"
             try:
                 counters = await fetch_pod(session, url, self.config.timeout_seconds)
-            except ScrapeError:
-                metrics.CACHE_SCRAPES.labels("error").inc()
-                raise
+                result = "ok"
             finally:
-                metrics.CACHE_SCRAPE_SECONDS.observe(time.perf_counter() - started)
-            metrics.CACHE_SCRAPES.labels("ok").inc()
+                if self.on_scrape is not None:
+                    self.on_scrape(result, time.perf_counter() - started)
             return counters
 
     async def observe(self, key: Key, pods: Sequence[Mapping[str, Any]],

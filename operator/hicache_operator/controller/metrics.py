@@ -47,6 +47,12 @@ CACHE_SCRAPE_SECONDS = prometheus_client.Histogram(
 _started: set[int] = set()
 
 
+def record_scrape(result: str, seconds: float) -> None:
+    """One engine pod's /metrics scrape (the cache observer's listener)."""
+    CACHE_SCRAPES.labels(result).inc()
+    CACHE_SCRAPE_SECONDS.observe(seconds)
+
+
 def serve(port: int, addr: str = "0.0.0.0") -> None:
     """Start the /metrics HTTP endpoint once per port (idempotent across operator restarts)."""
     if port and port not in _started:

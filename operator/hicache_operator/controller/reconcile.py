@@ -101,7 +101,7 @@ class Reconciler:
         self.kube, self.config, self.plan_fn = kube, config, plan_fn
         self.crs: dict[tuple[str, str], _CrState] = {}
         self.writer = ChildWriter(kube)
-        self.observer = CacheObserver(config.cache_metrics)
+        self.observer = CacheObserver(config.cache_metrics, on_scrape=metrics.record_scrape)
         self._slots: asyncio.Semaphore | None = None
 
     def _state(self, namespace: str, name: str, uid: str) -> _CrState:

@@ -20,7 +20,7 @@ Conditions (``docs/operations.md`` explains each reason and what to do):
   ``PodFailed``; else ``False``/``NoFailures``.
 
 ``replicas`` counts the pods that exist (the scale subresource reads it); ``cache`` is
-``cache_status.cache_block``.
+``cachestats.status_block.cache_block``.
 """
 
 from __future__ import annotations
