@@ -110,7 +110,7 @@ def test_backup_then_prefetch_round_trips_byte_exact(
     assert backend.registered_pools[PoolName.KV] is stack.host  # v2 registration of the group
     assert stack.host.size == (E.HICACHE_SIZE_GB * 10**9 // stack.host.size_per_token
                                // E.PAGE + 1) * E.PAGE  # sized by --hicache-size
-    from hicache_umbp.sglang.hook import UMBPHostTensorAllocator
+    from hicache_umbp.sglang.host_allocator import UMBPHostTensorAllocator
 
     assert isinstance(stack.host.allocator, UMBPHostTensorAllocator)
     n = 20  # > 16: an SSD batch to the node or a sidecar is split by its staging slots

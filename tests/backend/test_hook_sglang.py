@@ -22,6 +22,7 @@ import pytest
 from hicache_umbp.contract.names import dynamic_extra_config
 from hicache_umbp.hostmem.allocator import HugepagesUnavailableError, hugepages_free
 from hicache_umbp.sglang import hook as sglang_hook
+from hicache_umbp.sglang import host_allocator
 
 from . import sglang_env as E
 
@@ -78,12 +79,12 @@ def numa_policy(ptr: int) -> str:
 def test_real_host_pool_is_backed_by_our_allocator(model_dir: Path, kind: str) -> None:
     pool = build_pool(model_dir, kind, host_hugepage_bytes=0, host_prefault=True, host_numa=0)
     allocator = pool.allocator
-    assert isinstance(allocator, sglang_hook.UMBPHostTensorAllocator)
+    assert isinstance(allocator, host_allocator.UMBPHostTensorAllocator)
     record = allocator.allocations[-1]
     ptr = pool.kv_buffer.data_ptr()
     assert ptr == record.ptr
     assert record.nbytes == pool.kv_buffer.numel() * pool.kv_buffer.element_size()
-    assert record in sglang_hook.host_pool_status()
+    assert record in host_allocator.host_pool_status()
     lo, hi = (int(x, 16) for x in smaps_entry(ptr)["range"].split("-"))
     assert lo <= ptr and ptr + record.nbytes <= hi
     # The kernel's view: 4 KiB pages as asked, and the NUMA binding only our allocator applies
@@ -103,7 +104,7 @@ def test_hugepage_demotion_is_logged_flagged_and_reported(
     report = tmp_path / "launch-report.json"
     monkeypatch.setenv("HICACHE_REPORT_PATH", str(report))
     free = hugepages_free(2 * MIB)
-    with caplog.at_level(logging.INFO, logger="hicache_umbp.sglang.hook"):
+    with caplog.at_level(logging.INFO, logger="hicache_umbp.sglang.host_allocator"):
         pool = build_pool(model_dir, "mha", host_hugepage_bytes=2 * MIB,
                           host_allow_4k_fallback=True, host_prefault=False)
     record = pool.allocator.allocations[-1]
@@ -113,7 +114,7 @@ def test_hugepage_demotion_is_logged_flagged_and_reported(
     if free * 2 * MIB >= record.nbytes:  # this machine had hugepages for it
         assert not record.demoted and page_kb == "2048 kB"
         return
-    assert record.demoted and sglang_hook.any_demoted()
+    assert record.demoted and host_allocator.any_demoted()
     assert page_kb == "4 kB" and record.page_bytes == 4096
     assert any("HUGEPAGES DEMOTED" in r.getMessage() and r.levelno == logging.ERROR
                for r in caplog.records)

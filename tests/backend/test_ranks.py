@@ -7,7 +7,6 @@ AST, so no sglang or torch is imported here).
 
 from __future__ import annotations
 
-import ast
 import importlib
 from pathlib import Path
 
@@ -44,28 +43,6 @@ def test_dp_rank_env_overrides_sglangs_dp_rank() -> None:
     kw = {"tp_rank": 1, "tp_size": 2, "dp_rank": 0, "pp_rank": 0, "pp_size": 1}
     assert rank_position({}, **kw).local_rank == 1
     assert rank_position({DP_RANK_ENV: "1"}, **kw).local_rank == 3
-
-
-def _imports(module: str) -> set[str]:
-    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module is None:
-            names.update(alias.name for alias in node.names)  # from . import x
-        elif isinstance(node, ast.ImportFrom) and node.level == 1:
-            names.add(node.module or "")
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module.removeprefix("hicache_umbp."))
-    return names
-
-
-def test_adapter_and_hook_share_the_rank_module_instead_of_importing_each_other() -> None:
-    """The hook used to import the adapter for the rank helpers while the adapter imports the
-    hook (check_pool_allocator): a cycle. Both now take them from ``ranks``; the hook never
-    imports the adapter."""
-    adapter, hook = _imports("sglang/adapter"), _imports("sglang/hook")
-    assert "ranks" in adapter and "ranks" in hook
-    assert "adapter" not in hook
 
 
 def test_the_test_double_is_not_shipped_in_the_product_package() -> None:

@@ -19,7 +19,8 @@ from hicache_operator.plan import Plan, SpecError, plan
 from hicache_operator.plan.summary import render_summary
 from hicache_operator.planner.engine import attention_tp_size, check_parallelism, contract_values
 from hicache_operator.planner.errors import Problems
-from hicache_operator.planner.sizing import page_geometry, size_pod
+from hicache_operator.planner.page_geometry import page_geometry
+from hicache_operator.planner.sizing import size_pod
 from hicache_operator.planner.ssd import plan_ssd
 from hicache_operator.planner.validate import parse_cr
 from hicache_umbp.contract.load import load_launch_config, render_env

@@ -1,5 +1,5 @@
-"""SGLang 0.5.23 HiCache L3 storage backend over the UMBP page store (the only module of the
-backend, with :mod:`hicache_umbp.sglang.hook`, that imports sglang or torch).
+"""SGLang 0.5.23 HiCache L3 storage backend over the UMBP page store (the SGLang integration,
+:mod:`hicache_umbp.sglang`, is the only part of the backend that imports sglang or torch).
 
 Loading into stock SGLang (no file of SGLang is changed)::
 
@@ -28,10 +28,10 @@ any other unknown key is an error). The per-rank index is ``(dp_rank * pp_size +
 + tp_rank`` with the attention TP group under DP attention, where ``dp_rank`` is ``SGLANG_DP_RANK``
 when the launcher set it, else SGLang's attention DP rank.
 
-Keys (:class:`hicache_umbp.store.keys.KeyScheme`): MHA pages are keyed per attention-TP rank and TP
-size (a rank holds a head slice; DP replicas of the same slice share keys), MLA pages are
-replicated across ranks and keyed with rank 0 of tp 1 (one writer, every rank reads). Pipeline
-and context parallel shards are folded into the model field. Split heads (``tp_lcm_size``):
+Keys (:mod:`.storage_keys`, :class:`hicache_umbp.store.keys.KeyScheme`): MHA pages are keyed per
+attention-TP rank and TP size (a rank holds a head slice; DP replicas of the same slice share keys),
+MLA pages are replicated across ranks and keyed with rank 0 of tp 1 (one writer, every rank reads).
+Pipeline and context parallel shards are folded into the model field. Split heads (``tp_lcm_size``):
 each page is written as the ``tp_lcm_size // tp_size`` head groups a ``tp_lcm_size`` deployment's
 ranks would own, so deployments of different TP sizes share pages.
 
@@ -43,10 +43,8 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -58,47 +56,20 @@ from sglang.srt.mem_cache.hicache_storage import (
 
 from ..build import build_store
 from ..contract.load import load_store_config
-from ..contract.page_limits import MHA_PARTS, MLA_PARTS
 from ..contract.settings import ConfigError, RankConfig, StoreConfig
-from ..store.keys import KeyScheme, PageFormat
+from ..store.keys import PageFormat
 from ..store.ratelimit import RateLimitedLog
 from ..store.store import PagePointers, UMBPStore
 from .host_pool import PointerPlan, host_buffer_ranges, page_format_of
-from .ranks import RankPosition, rank_position
+from .storage_keys import StorageKeys, storage_rank_position
+from .storage_stats import StorageSamples, merged_store_stats
 
 log = logging.getLogger(__name__)
 
 SUPPORTED_LAYOUTS = ("page_first", "page_first_direct", "page_head")
 
 
-# ----------------------------------------------------------------------------- rank position
-
-
-def storage_rank_position(
-    storage_config: HiCacheStorageConfig, env: Mapping[str, str]
-) -> RankPosition:
-    """SGLang's storage config already holds the attention-TP view under DP attention."""
-    return rank_position(
-        env,
-        tp_rank=storage_config.tp_rank,
-        tp_size=storage_config.tp_size,
-        dp_rank=storage_config.dp_rank,
-        pp_rank=storage_config.pp_rank,
-        pp_size=storage_config.pp_size,
-    )
-
-
 # ----------------------------------------------------------------------------- the backend
-
-
-@dataclass
-class _Metrics:
-    """Per-batch samples SGLang's StorageMetrics histograms want, drained by get_stats."""
-
-    prefetch_pgs: list[int]
-    backup_pgs: list[int]
-    prefetch_bandwidth: list[float]
-    backup_bandwidth: list[float]
 
 
 class UMBPHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # sglang is untyped
@@ -118,32 +89,17 @@ class UMBPHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # sglang is unt
         self.position = storage_rank_position(storage_config, env)
         self.rank_config: RankConfig = self.config.rank(self.position.local_rank)
         self.interface_v1 = bool(extra.get("interface_v1", 0))
-        self._check_parallelism(storage_config)
-        self.is_mla = bool(storage_config.is_mla_model)
-        self.is_writer = bool(storage_config.is_storage_writer)
-        self._check_mla_store(storage_config)
-        self.split_factor = 1
-        if storage_config.should_split_heads:
-            if not self.interface_v1:
-                raise ConfigError(
-                    ["split heads (tp_lcm_size) needs interface_v1: 1 in the extra-config"]
-                )
-            lcm = storage_config.tp_lcm_size or 0
-            if lcm % storage_config.tp_size:
-                raise ConfigError(
-                    [f"tp_lcm_size={lcm} is not a multiple of tp_size={storage_config.tp_size}"]
-                )
-            self.split_factor = lcm // storage_config.tp_size
-        self.model_id = self._model_id(storage_config)
-        self.backend_tag = self._backend_tag(extra)
+        self.keying = StorageKeys.from_sglang(storage_config, self.config, extra, self.position,
+                                              interface_v1=self.interface_v1)
+        self.is_mla, self.is_writer = self.keying.is_mla, self.keying.is_writer
+        self.split_factor, self.model_id = self.keying.split_factor, self.keying.model_id
         # Opened by register_mem_pool_host: the page part size and format come from the pool.
         self.stores: list[UMBPStore] = []
         self.page_format: PageFormat | None = None
         self.value_bytes = 0
-        self.parts_per_page = len(MLA_PARTS) if self.is_mla else len(MHA_PARTS) * self.split_factor
+        self.parts_per_page = self.keying.parts_per_page
         self._warn = RateLimitedLog(log, self.config.umbp_log_interval_s)
-        self._metrics_lock = threading.Lock()
-        self._metrics = _Metrics([], [], [], [])
+        self._samples = StorageSamples(bool(storage_config.enable_storage_metrics))
         self.mem_pool_host: Any = None
         self._plan: PointerPlan | None = None
         if not self.interface_v1:
@@ -160,74 +116,10 @@ class UMBPHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # sglang is unt
             self.is_writer,
         )
 
-    # ------------------------------------------------------------------ construction helpers
-
-    def _check_mla_store(self, cfg: HiCacheStorageConfig) -> None:
-        """An MLA model sharded over TP ranks needs one store every rank reads.
-
-        SGLang backs an MLA page up from the storage writer (attention-TP rank 0) only and
-        prefetches the minimum of the ranks' ``batch_exists``; per-rank embedded stores would
-        never hit (docs/architecture.md, "MLA"). ``tp_size`` is the attention TP size here.
-        """
-        if self.is_mla and cfg.tp_size > 1 and self.config.umbp_mode == "embedded":
-            raise ConfigError(
-                [f"MLA model with attention tensor parallelism {cfg.tp_size}: SGLang backs MLA "
-                 "pages up from TP rank 0 only and prefetches the minimum of the ranks' hits, "
-                 "so an embedded (per-rank) UMBP store would never hit; use umbp_mode "
-                 "standalone (spec.l3.mode: standalone, and spec.model.attention: mla to have "
-                 "the operator check it at admission)"]
-            )
-
-    @staticmethod
-    def _check_parallelism(cfg: HiCacheStorageConfig) -> None:
-        if cfg.dcp_size > 1:
-            raise ConfigError(
-                [f"decode context parallel (dcp_size={cfg.dcp_size}) is not supported by the "
-                 "UMBP backend; SGLang 0.5.23 allows only file or mooncake storage with DCP"]
-            )
-
-    def _model_id(self, cfg: HiCacheStorageConfig) -> str:
-        base = self.config.umbp_model_id or (cfg.model_name or "")
-        if not base:
-            raise ConfigError(
-                ["the model identity for keys is empty: SGLang passed no model name and "
-                 "umbp_model_id / HICACHE_UMBP_MODEL_ID is not set"]
-            )
-        # A rank of a pipeline or context-parallel group holds a different slice of each page.
-        if cfg.pp_size > 1:
-            base += f"@pp{cfg.pp_rank}of{cfg.pp_size}"
-        if cfg.attn_cp_size > 1:
-            base += f"@cp{cfg.attn_cp_rank}of{cfg.attn_cp_size}"
-        return base
-
-    @staticmethod
-    def _backend_tag(extra: Mapping[str, Any]) -> str:
-        tag = extra.get("extra_backend_tag", "")
-        if tag is None:
-            return ""
-        if not isinstance(tag, str):
-            raise ConfigError([f"extra-config 'extra_backend_tag'={tag!r} must be a string"])
-        return tag
-
-    def _schemes(self, fmt: PageFormat) -> list[KeyScheme]:
-        ns, model, tag = self.config.umbp_namespace, self.model_id, self.backend_tag
-
-        def scheme(tp_size: int, rank: int, parts: tuple[str, ...]) -> KeyScheme:
-            return KeyScheme(ns, model, tp_size, rank, parts, page_format=fmt, backend_tag=tag)
-
-        if self.is_mla:
-            return [scheme(1, 0, MLA_PARTS)]
-        pos = self.position
-        if self.split_factor == 1:
-            return [scheme(pos.tp_size, pos.tp_rank, MHA_PARTS)]
-        lcm = pos.tp_size * self.split_factor
-        base = pos.tp_rank * self.split_factor
-        return [scheme(lcm, base + i, MHA_PARTS) for i in range(self.split_factor)]
-
     def _open_stores(self, fmt: PageFormat, value_bytes: int) -> list[UMBPStore]:
         """The head store (it owns the client) and one sibling per further split-head group:
         siblings share the client, its batch limit and the buffer registrations."""
-        first, *others = self._schemes(fmt)
+        first, *others = self.keying.schemes(self.config.umbp_namespace, fmt)
         head = build_store(self.rank_config, keys=first, value_bytes=value_bytes)
         return [head, *(head.sibling(s) for s in others)]
 
@@ -337,7 +229,7 @@ class UMBPHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # sglang is unt
         except Exception as e:
             self._warn.warn(f"{op}_error", "batch_%s_v1 of %d pages failed: %r", op, n, e)
             return [False] * n
-        self._sample(op == "get", ok, pages, start)
+        self._samples.sample(op == "get", ok, pages, start)
         return ok
 
     def batch_exists(
@@ -497,42 +389,15 @@ class UMBPHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # sglang is unt
         for store in reversed(self.stores):  # siblings first; the head owns the client
             store.close()
 
-    def _sample(
-        self, is_get: bool, ok: list[bool], pages: Sequence[PagePointers], start: float
-    ) -> None:
-        if not self.storage_config.enable_storage_metrics:
-            return
-        elapsed = max(time.perf_counter() - start, 1e-9)
-        nbytes = sum(size for hit, page in zip(ok, pages, strict=True) if hit for _, size in page)
-        gbps = nbytes / elapsed / 1e9
-        with self._metrics_lock:
-            m = self._metrics
-            (m.prefetch_pgs if is_get else m.backup_pgs).append(sum(ok))
-            (m.prefetch_bandwidth if is_get else m.backup_bandwidth).append(gbps)
-
     def get_stats(self) -> Any:
         """SGLang's ``StorageMetrics`` (per-batch samples since the last call) plus ``umbp``:
         the store's cumulative counters (hits, misses, bytes, failures) as a dict."""
-        from sglang.srt.observability.metrics_collector import StorageMetrics
-
-        metrics = StorageMetrics()
-        with self._metrics_lock:
-            m, self._metrics = self._metrics, _Metrics([], [], [], [])
-        metrics.prefetch_pgs.extend(m.prefetch_pgs)
-        metrics.backup_pgs.extend(m.backup_pgs)
-        metrics.prefetch_bandwidth.extend(m.prefetch_bandwidth)
-        metrics.backup_bandwidth.extend(m.backup_bandwidth)
+        metrics = self._samples.drain()
         metrics.umbp = self.umbp_stats()
         return metrics
 
     def umbp_stats(self) -> dict[str, Any]:
-        stats = [asdict(s.stats()) for s in self.stores]
-        merged = stats[0]
-        for other in stats[1:]:
-            for k, v in other.items():
-                if isinstance(v, int):
-                    merged[k] += v
-        return merged
+        return merged_store_stats(self.stores)
 
 
 def _index_tensor(values: list[int]) -> torch.Tensor:

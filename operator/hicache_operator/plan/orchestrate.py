@@ -41,7 +41,9 @@ from ..planner.engine import (
 )
 from ..planner.errors import Problems, SpecError
 from ..planner.k8s_checks import check_pod_inputs, model_path_warnings
+from ..planner.l3_staging import staging_warnings
 from ..planner.object_checks import check_objects
+from ..planner.page_geometry import page_geometry
 from ..planner.placement import (
     GPU_MODELS,
     GpuModel,
@@ -50,7 +52,7 @@ from ..planner.placement import (
     tolerates_unhealthy,
 )
 from ..planner.security import check_security, granted_capabilities, security_warnings
-from ..planner.sizing import PodSizing, page_geometry, size_pod, staging_warnings
+from ..planner.sizing import PodSizing, size_pod
 from ..planner.ssd import SsdLayout, plan_ssd
 from ..planner.topology import Topology, plan_topology
 from ..planner.validate import parse_cr
@@ -237,7 +239,7 @@ def _warnings(
         )
     out.extend(model_path_warnings(spec))
     out.extend(mla_warnings(spec))
-    out.extend(staging_warnings(spec, sizing))
+    out.extend(staging_warnings(spec, sizing.page, sizing.ssd_total, sizing.ranks))
     if tolerates_unhealthy(tolerations):
         out.append(
             "a toleration matches the amd-gpu-unhealthy taint: pods may land on GPUs "

@@ -31,7 +31,8 @@ from hicache_umbp.launch.errors import LaunchError
 
 from ..api.spec import SGLangHiCacheSpec
 from .errors import Problems
-from .sizing import PodSizing, largest_page_size, page_size_refusal
+from .page_geometry import largest_page_size, page_size_refusal
+from .sizing import PodSizing
 from .ssd import SsdLayout
 
 OWNED_ENV_PREFIXES = ("HICACHE_", "UMBP_")
