@@ -275,9 +275,10 @@ def main() -> int:
         sglang.serve(page)
         emu.create("v1", "namespaces", {"metadata": {"name": NAMESPACE}})
         kubeconfig = emu.write_kubeconfig(Path(tmp) / "kubeconfig", NAMESPACE)
+        config = Path(tmp) / "operator.yaml"
+        config.write_text(f"resyncSeconds: {RESYNC_S}\n")
         env = dict(os.environ, KUBECONFIG=str(kubeconfig),
-                   SGLANG_HICACHE_RESYNC_SECONDS=str(RESYNC_S))
-        env.pop("SGLANG_HICACHE_OPERATOR_CONFIG", None)
+                   SGLANG_HICACHE_OPERATOR_CONFIG=str(config))
         log_path = Path(os.environ.get("BENCH_OPERATOR_LOG", Path(tmp) / "operator.log"))
         log = open(log_path, "wb")  # noqa: SIM115
         operator = subprocess.Popen(

@@ -9,18 +9,15 @@ emulator's known gaps.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-# The resync timer interval is read when the handlers module is imported: keep it short here.
-os.environ.setdefault("SGLANG_HICACHE_RESYNC_SECONDS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from e2e_lib import NAMESPACE, Cluster, OperatorProcess, load_crds
+from e2e_lib import NAMESPACE, Cluster, OperatorProcess, load_crds, write_operator_config
 from emulator import EmulatorThread
 from kopf.testing import KopfRunner
 
@@ -31,7 +28,10 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster
         emu.create("v1", "namespaces", {"metadata": {"name": NAMESPACE}})
         kubeconfig = emu.write_kubeconfig(tmp_path / "kubeconfig", NAMESPACE)
         monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-        monkeypatch.delenv("SGLANG_HICACHE_OPERATOR_CONFIG", raising=False)
+        # The default configuration with a short resync timer: kopf reads a timer's interval
+        # when the handlers are imported, in the first test that runs the operator in-process.
+        config = write_operator_config(tmp_path / "operator.yaml")
+        monkeypatch.setenv("SGLANG_HICACHE_OPERATOR_CONFIG", str(config))
         yield Cluster(emu, kubeconfig)
 
 

@@ -25,7 +25,14 @@ NAMESPACE = "shc-e2e"
 CR_API, CRS = "hicache.sglang.ai/v1alpha1", "sglanghicaches"
 CHILD_RESOURCES = (("apps/v1", "statefulsets"), ("v1", "services"), ("v1", "configmaps"),
                    ("policy/v1", "poddisruptionbudgets"))
-RESYNC_S = float(os.environ.get("SGLANG_HICACHE_RESYNC_SECONDS", "1"))
+#: The operator's resync timer in these tests (operator configuration resyncSeconds).
+RESYNC_S = 1.0
+
+
+def write_operator_config(path: Path, **config: Any) -> Path:
+    """An operator configuration file with the tests' resync interval (and ``config``)."""
+    path.write_text(yaml.safe_dump({"resyncSeconds": RESYNC_S, **config}))
+    return path
 
 
 def selector(name: str) -> str:
@@ -194,8 +201,7 @@ class OperatorProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, *extra: str, standalone: bool = True) -> None:
-        env = dict(os.environ, KUBECONFIG=str(self.cluster.kubeconfig),
-                   SGLANG_HICACHE_RESYNC_SECONDS=str(RESYNC_S))
+        env = dict(os.environ, KUBECONFIG=str(self.cluster.kubeconfig))
         log = self.log_path.open("ab")
         args = ["run", "-n", NAMESPACE, "--metrics-port", "0", *extra]
         if standalone:

@@ -231,6 +231,14 @@ class OperatorConfig(ApiModel):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO", description="Operator log level."
     )
+    resync_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="Every SGLangHiCache is reconciled again this often even when no event "
+        "arrives: drift correction, status and the cache figures scraped from the pods (an "
+        "unchanged world writes nothing). Read when the operator starts.",
+    )
     cache_metrics: CacheMetricsConfig = Field(
         default_factory=CacheMetricsConfig,
         description="Scraping SGLang's cache metrics into status.cache.",

@@ -2,8 +2,8 @@
 
 - every event of an SGLangHiCache (listing at start, create, spec change): reconcile when its
   ``metadata.generation`` was not reconciled yet (our own status writes do not re-trigger);
-- a timer (``SGLANG_HICACHE_RESYNC_SECONDS``, default 60) re-reconciles: drift correction,
-  status and the cache figures scraped from the pods; an unchanged world writes nothing;
+- a timer (the operator configuration's ``resyncSeconds``, default 60) re-reconciles: drift
+  correction, status and the cache figures scraped from the pods; an unchanged world writes nothing;
 - API trouble is retried in memory with a backoff (1 s ... 60 s), never by writing to the CR;
 - child events (StatefulSet, Services, ConfigMap, PDB) reconcile the owner when they show drift
   from what was last applied; pod and StatefulSet events refresh the owner's status;
@@ -20,7 +20,6 @@ no diff-base; kopf's only write to the CR is the finalizer, once (``settings.py`
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
@@ -45,7 +44,10 @@ from .reconcile import (
     instance_selector,
 )
 
-RESYNC_SECONDS = float(os.environ.get("SGLANG_HICACHE_RESYNC_SECONDS", "60"))
+# kopf takes a timer's interval when the handler is registered, i.e. when this module is
+# imported: the configuration is read here once (a changed configuration restarts the operator:
+# the chart's checksum annotation).
+RESYNC_SECONDS = OperatorConfig.from_env().resync_seconds
 RETRY_DELAYS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)  # per consecutive failure of one CR
 TRANSIENT = (KubeError, aiohttp.ClientError, asyncio.TimeoutError)
 
