@@ -9,7 +9,7 @@ EXAMPLE ?= examples/deepseek-r1-mi355x.yaml
 
 .PHONY: help venv demo test lint test-unit test-mori test-sglang test-pod test-e2e test-chart \
         engine-env chart-tools bench-l3 bench-host-pool bench-plan bench-sglang bench-backends \
-        bench-pod bench-reconcile bench-sidecar-slots render-chart crd clean
+        bench-pod bench-reconcile bench-sidecar-slots render-chart crd env-doc clean
 
 help:
 	@echo "make demo   - plan an example SGLangHiCache CR and show what the operator would create"
@@ -61,6 +61,10 @@ render-chart: chart-tools
 
 crd: venv
 	$(PY) -m hicache_operator crd -o charts/sglang-hicache-operator/crds/sglanghicaches.yaml
+
+# docs/env.md from the env contract's settings table (a unit test fails when it is stale).
+env-doc: venv
+	$(PY) -m hicache_umbp.contract.envdoc > docs/env.md
 
 bench-l3: engine-env
 	$(ENGINE_PY) bench/l3_store.py

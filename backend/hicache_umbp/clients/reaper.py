@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..contract.mori_env import STANDALONE_ADDRESS
+
 log = logging.getLogger(__name__)
 
 LEDGER_DIR = ".umbp-clients"
@@ -123,7 +125,7 @@ def around_builtin_registration(original: Callable[..., Any], store: Any, *args:
     if getattr(store, "_standalone_process_expected", False):
         extra = getattr(getattr(store, "storage_config", None), "extra_config", None) or {}
         address = str(extra.get("standalone_address") or
-                      os.environ.get("UMBP_STANDALONE_ADDRESS", ""))
+                      os.environ.get(STANDALONE_ADDRESS, ""))
         if address.startswith("unix:"):
             try:
                 record(address[len("unix:"):], os.getpid(), clients_opened=1)

@@ -18,6 +18,12 @@ OUR_BACKEND = "umbp"
 BUILTIN_BACKEND = "sglang-mori"
 L3_BACKENDS = (OUR_BACKEND, BUILTIN_BACKEND)
 
+#: ``--hicache-storage-backend`` value that selects it, and the extra-config keys the launcher
+#: renders for it (``umbp_store.py`` reads them).
+BACKEND_FLAG_VALUE = "mori"
+SSD_ENABLED_KEY = "ssd_enabled"
+DRAM_CAPACITY_KEY = "dram_capacity_bytes"
+
 #: What SGLang's built-in host allocator (``umbp_host_allocator.py``) reads, once per process:
 #: hugepages on/off (default on), their size in bytes (default 2 MiB), ONE NUMA node for the
 #: whole process (``int()`` of the value: a per-rank list raises), prefault (default on).

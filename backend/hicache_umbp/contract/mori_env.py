@@ -23,6 +23,10 @@ DRAM_USE_HUGEPAGES = "UMBP_DRAM_USE_HUGEPAGES"
 DRAM_HUGEPAGE_SIZE = "UMBP_DRAM_HUGEPAGE_SIZE"
 DRAM_NUMA_NODE = "UMBP_DRAM_NUMA_NODE"
 DRAM_PREFAULT = "UMBP_DRAM_PREFAULT"
+#: An SSD server's tier: its directory and capacity, and its staging slot (the largest value).
+SSD_DIR = "UMBP_SSD_DIR"
+SSD_CAPACITY = "UMBP_SSD_CAPACITY"
+DISTRIBUTED_DRAM_PAGE_SIZE = "UMBP_DISTRIBUTED_DRAM_PAGE_SIZE"
 #: A standalone server's DRAM pool (the umbp-dram sidecar's capacity; an SSD server stages in it).
 DRAM_CAPACITY = "UMBP_DRAM_CAPACITY"
 #: mori 1.2.4's SSD node keeps a staging slot leased for ``UMBP_SSD_READ_LEASE_MS`` (~3 s by
@@ -108,12 +112,12 @@ def standalone_server_env(
     return {
         "UMBP_ROLE": "standalone",
         "UMBP_SSD_ENABLED": "1",
-        "UMBP_SSD_DIR": ssd_dir,
-        "UMBP_SSD_CAPACITY": str(int(capacity_bytes)),
+        SSD_DIR: ssd_dir,
+        SSD_CAPACITY: str(int(capacity_bytes)),
         "UMBP_SSD_BACKEND": "file",
         "UMBP_SSD_DURABILITY": durability,
         "UMBP_DISTRIBUTED_MEDIUM": "SSD",
-        "UMBP_DISTRIBUTED_DRAM_PAGE_SIZE": str(int(value_bytes)),
+        DISTRIBUTED_DRAM_PAGE_SIZE: str(int(value_bytes)),
         "UMBP_DISTRIBUTED_SSD_STAGING_BUFFER_SLOTS": str(int(staging_slots)),
         "UMBP_DISTRIBUTED_SSD_STAGING_BUFFER_SIZE": str(staging),
         DRAM_CAPACITY: str(staging),

@@ -233,6 +233,7 @@ BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
 BY_ENV: dict[str, Setting] = {s.env: s for s in SETTINGS}
 STORE_KEYS = frozenset(s.key for s in SETTINGS if s.scope == "store")
 
+
 @dataclass(frozen=True)
 class StoreConfig:
     """Resolved store configuration for one pod; per-rank fields hold one entry per local rank."""

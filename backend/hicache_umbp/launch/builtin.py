@@ -34,20 +34,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..contract.builtin import (
+    DRAM_CAPACITY_KEY,
     SGLANG_HOST_HUGEPAGE,
     SGLANG_HOST_HUGEPAGE_SIZE,
     SGLANG_HOST_NUMA_NODE,
     SGLANG_HOST_PREFAULT,
+    SSD_ENABLED_KEY,
 )
 from ..contract.mori_env import DRAM_NUMA_NODE, dram_tier_env, standalone_client_env
 from ..contract.paths import standalone_socket_path
 from ..contract.settings import BY_KEY, LaunchConfig, parse_value
 from .errors import LaunchError
-
-BACKEND_FLAG_VALUE = "mori"
-#: SGLang's built-in backend's extra-config keys the launcher renders (umbp_store.py).
-SSD_ENABLED_KEY = "ssd_enabled"
-DRAM_CAPACITY_KEY = "dram_capacity_bytes"
 
 
 def _effective(cfg: LaunchConfig, resolved: Mapping[str, Any], key: str) -> Any:

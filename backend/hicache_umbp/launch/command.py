@@ -27,12 +27,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..contract.builtin import BUILTIN_BACKEND
+from ..contract.builtin import BACKEND_FLAG_VALUE, BUILTIN_BACKEND
 from ..contract.load import render_env
 from ..contract.names import SERVE_MODULE, dynamic_extra_config
 from ..contract.settings import BY_KEY, STORE_KEYS, LaunchConfig
 from ..contract.units import GB
-from .builtin import BACKEND_FLAG_VALUE, builtin_env, builtin_extra_config
+from .builtin import builtin_env, builtin_extra_config
 from .errors import LaunchError
 
 # Flags the launcher renders; user extra args must not repeat them (argparse keeps the last
