@@ -54,51 +54,23 @@ os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")  # before sglang is imported
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-import torch  # noqa: E402
-from hicache_umbp.contract.names import dynamic_extra_config  # noqa: E402
+import backends_v1  # noqa: E402
+from backend_setup import (  # noqa: E402
+    PAGE,
+    PAGES,
+    SSD_DRAM,
+    backend_config,
+    device_pool,
+)
 
 from backend import sglang_env as E  # noqa: E402
 from backend import sglang_stack as S  # noqa: E402
 
-MIB = 1 << 20
-PAGE = 64
-PAGES = 128  # one SGLang storage batch
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
 REPS = 3  # backups and prefetches per attach, fresh pages each
 EXISTS_REPEATS = 20
-DRAM = 1 << 30
-SSD_DRAM = 32 * MIB
-SSD_BYTES = 512 * MIB
 NODES = 8  # the SSD case backs up 8 radix nodes of 16 pages
 BACKENDS = ("ours", "builtin", "file")
-
-
-def device_pool(kind: str) -> Any:
-    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
-
-    common = dict(size=16 * PAGE, page_size=PAGE, dtype=torch.bfloat16, device="cpu",
-                  enable_memory_saver=False)
-    if kind == "mla":
-        return MLATokenToKVPool(kv_lora_rank=512, qk_rope_head_dim=64, layer_num=14, **common)
-    return MHATokenToKVPool(head_num=8, head_dim=128, layer_num=4, **common)
-
-
-def backend_config(name: str, workdir: Path, ssd: bool) -> tuple[str, dict[str, Any]]:
-    """(--hicache-storage-backend, extra-config) for one backend."""
-    if name == "ours":
-        tiers: dict[str, Any] = dict(umbp_dram_bytes=SSD_DRAM if ssd else DRAM)
-        if ssd:
-            tiers.update(umbp_ssd_enabled=True, umbp_ssd_dir=str(workdir / "ssd"),
-                         umbp_ssd_bytes=SSD_BYTES, umbp_tier_queue_bytes=256 * MIB)
-        return "dynamic", dynamic_extra_config(umbp_namespace="bench", host_hugepage_bytes=0,
-                                               **tiers)
-    if name == "builtin":
-        cfg: dict[str, Any] = dict(dram_capacity_bytes=SSD_DRAM if ssd else DRAM,
-                                   ssd_enabled=ssd)
-        if ssd:
-            cfg.update(ssd_storage_dir=str(workdir / "ssd"), ssd_capacity_bytes=SSD_BYTES)
-        return "mori", cfg
-    return "file", {"file_storage_path": str(workdir / "ssd")}
 
 
 def disk_bytes(root: Path) -> tuple[int, int]:
@@ -235,7 +207,6 @@ def bench_kind(kind: str, model: Path, workdir: Path) -> dict[str, Any]:
                 runs[name].append(res)
     ssd = {name: ssd_round(stack, name, workdir, seed=99_000 + i)
            for i, name in enumerate(BACKENDS)}
-    import backends_v1
 
     v1 = backends_v1.compare(stack, workdir)
     stack.close()

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import backends as B
+import backend_setup as B
 
 from backend import sglang_env as E
 from backend import sglang_stack as S

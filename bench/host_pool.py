@@ -19,7 +19,7 @@ back at the end, also on failure) and reports ``"reserved"``; ``--no-reserve`` m
 machine has (demoted to 4 KiB where that is nothing).
 
 Usage: python bench/host_pool.py [--size-gib 1] [--rounds 3] [--max-threads N] [--no-reserve]
-(``make bench-host-pool`` runs it in the mori venv, where the mori allocator path is used;
+(``make bench-host-pool`` runs it in the engine environment, where the mori allocator path is used;
 the 3.11 venv or a bare python3 with PYTHONPATH=backend uses the mmap path.)
 """
 

@@ -1,7 +1,8 @@
 """L3 data path on the real amd-mori 1.2.4: our UMBPStore against raw mori batched put/get.
 
-Run as ``scripts/mori-python bench/l3_store.py`` (``make bench-l3``). For 1 MiB and 4.5 MiB
-pages in batches of 128 it measures, side by side in one run and over the same host buffers:
+Run as ``.cache/venvs/engine/bin/engine-python bench/l3_store.py`` (``make bench-l3``). For 1 MiB
+and 4.5 MiB pages in batches of 128 it measures, side by side in one run and over the same host
+buffers:
 
 * raw ``batch_put_from_ptr`` / ``batch_get_into_ptr`` of an embedded mori DRAM client,
 * our ``UMBPStore.batch_set`` / ``batch_get`` over an identical client (MLA-like pages: one key

@@ -34,6 +34,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
+import backend_setup as setup  # noqa: E402
 import backends as B  # noqa: E402
 from hicache_umbp.contract.names import dynamic_extra_config  # noqa: E402
 from hicache_umbp.sglang.adapter import UMBPHiCacheStorage  # noqa: E402
@@ -178,7 +179,7 @@ def main() -> None:
               f"us/page, get {over['stack_get_us_per_page']:.3f} us/page")
 
         stack = S.scheduler_stack(model, "mha", extra | {"host_prefault": True}, attach=False,
-                                  page=PAGE, device_pool=B.device_pool("mha"))
+                                  page=PAGE, device_pool=setup.device_pool("mha"))
         runs: dict[str, list[dict[str, float]]] = {"ours": [], "file": []}
         for r in range(ROUNDS + 1):  # interleaved; round 0 warms up
             for name in runs:

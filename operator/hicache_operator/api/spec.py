@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from hicache_umbp.contract.builtin import BUILTIN_BACKEND, PREFAULT_THREADS_REFUSAL, SSD_REFUSAL
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
 from .k8s import Affinity, EnvVarSource, ModelVolumeSource, UpdateStrategy
+from .l3 import BUILTIN_PREFAULT_THREADS_MESSAGE, L3
 from .types import (
     DNS1123_SUBDOMAIN,
     ApiModel,
@@ -22,6 +22,7 @@ from .types import (
     HugePageSize,
     Quantity,
     Toleration,
+    cel_rules,
 )
 
 MODEL_VOLUME_KINDS = tuple(str(f.alias) for f in ModelVolumeSource.model_fields.values())
@@ -33,14 +34,6 @@ KV_BYTES_NEEDS_ATTENTION = (
     "cannot size it"
 )
 KV_HEADS_NEEDS_MHA = "kvHeads applies to attention mha with kvBytesPerToken only"
-
-
-def _rules(*rules: tuple[str, str]) -> ConfigDict:
-    return ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]
-        }
-    )
 
 
 class EnvVar(ApiModel):
@@ -62,7 +55,7 @@ class EnvVar(ApiModel):
 class ModelSource(ApiModel):
     """Which model SGLang serves and where its weights come from."""
 
-    model_config = _rules(
+    model_config = cel_rules(
         (
             "!has(self.volume) || "
             + " + ".join(f"(has(self.volume.{k}) ? 1 : 0)" for k in MODEL_VOLUME_KINDS)
@@ -140,7 +133,7 @@ class ModelSource(ApiModel):
 class Engine(ApiModel):
     """SGLang server parallelism and serving options."""
 
-    model_config = _rules(
+    model_config = cel_rules(
         (
             "!has(self.enableDpAttention) || !self.enableDpAttention || "
             "(has(self.dataParallelSize) && self.dataParallelSize >= 2 && "
@@ -217,7 +210,7 @@ class HostAllocator(ApiModel):
 class HiCache(ApiModel):
     """SGLang HiCache: the L2 host pool per rank and its policies."""
 
-    model_config = _rules(
+    model_config = cel_rules(
         (
             "has(self.hostPoolPerRank) != has(self.hostPoolRatio)",
             "set exactly one of hostPoolPerRank or hostPoolRatio",
@@ -274,191 +267,6 @@ class HiCache(ApiModel):
         default_factory=HostAllocator,
         description="Host pool allocation (hugepages, prefault, NUMA).",
     )
-
-
-class DramTier(ApiModel):
-    """UMBP DRAM tier (L3), per pod."""
-
-    capacity: Quantity = Field(
-        default="0",
-        description="DRAM tier per pod (split evenly across ranks in embedded mode; one "
-        "server in standalone mode); 0 disables it.",
-    )
-    huge_page_size: HugePageSize = Field(
-        default="none",
-        description="Hugepages backing the DRAM tier (counted in hugepages-<size>); "
-        "none uses 4 KiB pages counted in the memory limit.",
-    )
-    prefault: bool = Field(default=True, description="Touch the tier at start.")
-
-
-class ClaimTemplate(ApiModel):
-    """A per-pod PersistentVolumeClaim (StatefulSet volumeClaimTemplates)."""
-
-    storage_class_name: str | None = Field(
-        default=None, description="StorageClass (e.g. local-nvme); empty uses the cluster default."
-    )
-    size: Quantity = Field(description="Requested volume size.")
-    delete_with_resource: bool = Field(
-        default=False,
-        description="Delete the per-pod SSD PVCs when the SGLangHiCache is deleted. By default "
-        "they are kept, with their data and binding (their pages are not served again: mori "
-        "1.2.4's SSD tier discards the segment files it finds when it starts); they are always "
-        "kept on scale-down.",
-    )
-
-
-class EmptyDirVolume(ApiModel):
-    """An emptyDir on the node's ephemeral storage (lost with the pod)."""
-
-    size_limit: Quantity = Field(
-        description="emptyDir sizeLimit; also requested as ephemeral-storage."
-    )
-
-
-class HostPathVolume(ApiModel):
-    """A host directory; only under a prefix the admin policy allows."""
-
-    path: str = Field(pattern=r"^/[^:]*$", max_length=512, description="Absolute host path.")
-    size: Quantity | None = Field(
-        default=None,
-        description="Usable size of the host filesystem, for the capacity check; the "
-        "launcher checks free space in the pod either way.",
-    )
-
-
-class SsdVolume(ApiModel):
-    """Where the SSD tier lives: exactly one volume kind."""
-
-    model_config = _rules(
-        (
-            "(has(self.claimTemplate) ? 1 : 0) + (has(self.emptyDir) ? 1 : 0) + "
-            "(has(self.hostPath) ? 1 : 0) == 1",
-            "set exactly one of claimTemplate, emptyDir or hostPath",
-        ),
-    )
-
-    claim_template: ClaimTemplate | None = Field(default=None, description="Per-pod PVC.")
-    empty_dir: EmptyDirVolume | None = Field(default=None, description="Node ephemeral storage.")
-    host_path: HostPathVolume | None = Field(
-        default=None, description="Host directory (admin allow-listed prefixes only)."
-    )
-
-
-class SsdTier(ApiModel):
-    """UMBP SSD tier (L3), per pod."""
-
-    model_config = _rules(
-        (
-            "!has(self.enabled) || !self.enabled || (has(self.capacity) && has(self.volume))",
-            "an enabled SSD tier needs capacity and volume",
-        ),
-    )
-
-    enabled: bool = Field(default=False, description="Enable the SSD tier.")
-    capacity: Quantity | None = Field(
-        default=None,
-        description="SSD tier per pod (split across ranks in embedded mode); must fit "
-        "the volume minus headroomPercent.",
-    )
-    volume: SsdVolume | None = Field(default=None, description="The SSD volume.")
-    headroom_percent: int = Field(
-        default=5,
-        ge=0,
-        le=50,
-        description="Part of the volume kept free (filesystem metadata, fragmentation).",
-    )
-    io_backend: Literal["io_uring", "posix"] = Field(
-        default="io_uring", description="SSD I/O engine."
-    )
-    allow_posix_fallback: bool = Field(
-        default=False,
-        description="Use posix I/O when io_uring is unavailable (e.g. blocked by the "
-        "runtime's seccomp profile) instead of failing.",
-    )
-    durability: Literal["relaxed", "strict"] = Field(
-        default="relaxed",
-        description="relaxed: the page cache may hold recent writes; strict: each "
-        "batch is durable before it is acknowledged.",
-    )
-
-
-class Tiering(ApiModel):
-    """How the DRAM and SSD tiers compose."""
-
-    write_policy: Literal["write_back", "write_through"] = Field(
-        default="write_back",
-        description="DRAM -> SSD: write_back copies in the background through "
-        "a bounded queue; write_through returns after both tiers hold the page.",
-    )
-    queue_size: Quantity = Field(
-        default="1Gi",
-        description="Write-back staging ring per rank: host memory (memfd/shm) the DRAM+SSD "
-        "composition copies pages into before a background thread writes them to SSD. "
-        "Counted in the engine container's memory (ranks x queueSize, rounded down to whole "
-        "page parts when model.kvBytesPerToken is set); must hold at least "
-        "one whole page of a rank (with model.kvBytesPerToken its real size, else 2 x 8 MiB "
-        "page parts are assumed).",
-    )
-    promote_on_hit: bool = Field(default=True, description="Copy pages read from SSD into DRAM.")
-
-
-class Eviction(ApiModel):
-    """Eviction of the L3 tiers."""
-
-    policy: Literal["lru"] = Field(
-        default="lru",
-        description="mori 1.2.4 evicts least-recently-used pages per tier; the only "
-        "policy it implements.",
-    )
-
-
-#: SpecValid messages of what SGLang's built-in backend cannot do (planner and CEL alike), in
-#: the backend contract's words (:mod:`hicache_umbp.contract.builtin`).
-BUILTIN_SSD_MESSAGE = SSD_REFUSAL
-BUILTIN_PREFAULT_THREADS_MESSAGE = (
-    f"prefaultThreads cannot be honoured with l3.backend {BUILTIN_BACKEND}: "
-    f"{PREFAULT_THREADS_REFUSAL}"
-)
-
-
-class L3(ApiModel):
-    """HiCache L3 on AMD MORI UMBP."""
-
-    model_config = _rules(
-        (
-            "!has(self.backend) || self.backend != 'sglang-mori' || !has(self.ssd) || "
-            "!has(self.ssd.enabled) || !self.ssd.enabled",
-            BUILTIN_SSD_MESSAGE,
-        ),
-        (
-            "!has(self.mode) || self.mode != 'standalone' || !has(self.ssd) || "
-            "!has(self.ssd.enabled) || !self.ssd.enabled || !has(self.ssd.ioBackend) || "
-            "self.ssd.ioBackend == 'io_uring'",
-            "ssd.ioBackend posix cannot be honoured in standalone mode: the "
-            "umbp_standalone_server of mori 1.2.4 always uses io_uring (and falls back to "
-            "posix by itself); use io_uring or mode embedded",
-        ),
-    )
-
-    backend: Literal["umbp", "sglang-mori"] = Field(
-        default="umbp",
-        description="Which L3 store SGLang runs. umbp: this project's UMBP backend (DRAM and "
-        "SSD tiers, keys scoped to the deployment, model and page format, reconnects to a "
-        "restarted sidecar). sglang-mori: SGLang's built-in mori backend "
-        "(--hicache-storage-backend mori); on mori 1.2.4 only a DRAM tier (embedded or the "
-        "standalone DRAM sidecar), no SSD tier. docs/architecture.md compares them.",
-    )
-    mode: Literal["embedded", "standalone"] = Field(
-        default="embedded",
-        description="embedded: UMBP in the SGLang process; standalone: one "
-        "umbp_standalone_server sidecar per medium sharing a socket directory, so the cache "
-        "survives engine restarts.",
-    )
-    dram: DramTier = Field(default_factory=DramTier, description="DRAM tier.")
-    ssd: SsdTier = Field(default_factory=SsdTier, description="SSD tier.")
-    tiering: Tiering = Field(default_factory=Tiering, description="DRAM/SSD composition.")
-    eviction: Eviction = Field(default_factory=Eviction, description="Eviction policy.")
 
 
 class Placement(ApiModel):
@@ -523,7 +331,7 @@ class Security(ApiModel):
 class SGLangHiCacheSpec(ApiModel):
     """Desired state: one SGLang server per pod with HiCache L2 and UMBP L3."""
 
-    model_config = _rules(
+    model_config = cel_rules(
         (
             "!has(self.l3) || !has(self.l3.backend) || self.l3.backend != 'sglang-mori' || "
             "!has(self.hiCache.hostAllocator) || !has(self.hiCache.hostAllocator.prefaultThreads)"

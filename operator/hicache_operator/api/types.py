@@ -167,3 +167,12 @@ class Toleration(ApiModel):
 
     def as_k8s(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, exclude_none=True)
+
+
+def cel_rules(*rules: tuple[str, str]) -> ConfigDict:
+    """A model's cross-field rules as CEL ``x-kubernetes-validations`` (rule, message)."""
+    return ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]
+        }
+    )

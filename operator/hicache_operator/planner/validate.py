@@ -16,13 +16,8 @@ from hicache_umbp.contract.builtin import BUILTIN_BACKEND
 from pydantic import ValidationError
 
 from ..api.crd import MAX_NAME_LENGTH
-from ..api.spec import (
-    BUILTIN_PREFAULT_THREADS_MESSAGE,
-    BUILTIN_SSD_MESSAGE,
-    KV_BYTES_NEEDS_ATTENTION,
-    KV_HEADS_NEEDS_MHA,
-    SGLangHiCacheSpec,
-)
+from ..api.l3 import BUILTIN_PREFAULT_THREADS_MESSAGE, BUILTIN_SSD_MESSAGE
+from ..api.spec import KV_BYTES_NEEDS_ATTENTION, KV_HEADS_NEEDS_MHA, SGLangHiCacheSpec
 from ..api.types import API_VERSION, KIND
 from .errors import Problems
 
