@@ -1,9 +1,10 @@
 """Shared fixtures for backend tests.
 
-``standalone_servers``: starts real ``umbp_standalone_server`` processes (mori venv only), each
-under the loader prefix from ``$MORI_CPU_LOADER`` (set by scripts/mori-python), waits for its
-socket, kills (SIGKILL) and restarts them on demand like a crashed sidecar container, and always
-kills every process it started, by PID, at teardown -- also when the test fails.
+``standalone_servers``: starts real ``umbp_standalone_server`` processes (engine environment only),
+each under the loader prefix from ``$MORI_CPU_LOADER`` (set by the engine environment's
+engine-python), waits for its socket, kills (SIGKILL) and restarts them on demand like a crashed
+sidecar container, and always kills every process it started, by PID, at teardown -- also when the
+test fails.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The UMBP client contract against the real amd-mori 1.2.4 (run with scripts/mori-python).
+"""The UMBP client contract against the real amd-mori 1.2.4 (the engine environment, make
+test-mori).
 
 Everything is real: mori's embedded DRAM pool, its embedded SSD node writing segment logs under
 a temporary directory, and ``umbp_standalone_server`` processes (DRAM and SSD media) started by

@@ -1,4 +1,4 @@
-"""UMBPStore on the REAL amd-mori 1.2.4 (mori venv): embedded DRAM, embedded SSD node,
+"""UMBPStore on the REAL amd-mori 1.2.4 (engine environment): embedded DRAM, embedded SSD node,
 standalone servers and the configuration-driven ``build_store``.
 
 Everything is real: mori's clients and servers, memfd host buffers, random page bytes. Nothing

@@ -1,7 +1,7 @@
 """What survives a restart, measured on the REAL amd-mori 1.2.4 (the statements of
 ``hicache_umbp.contract.persistence`` and docs/operations.md "Warm cache across restarts").
 
-Real: every engine is a separate child process (scripts/mori-python's interpreter under the
+Real: every engine is a separate child process (the engine environment's interpreter under the
 trixie loader) that builds the store from a configuration and writes or reads pages, then
 exits -- an engine restart is a new process with the same configuration and directory. The
 standalone servers are real ``umbp_standalone_server`` processes, killed and restarted by PID.

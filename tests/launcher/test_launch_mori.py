@@ -1,8 +1,8 @@
-"""The launcher's standalone wait against a real ``umbp_standalone_server`` (mori venv,
+"""The launcher's standalone wait against a real ``umbp_standalone_server`` (engine environment,
 ``make test-mori``).
 
 Real: amd-mori 1.2.4's server binary (started by PID under the loader prefix from
-``scripts/mori-python``, always killed at teardown), its two UNIX sockets, the stale socket
+``engine-python``, always killed at teardown), its two UNIX sockets, the stale socket
 files it leaves behind when killed, and the launcher's wait. Faked: the GPUs and hugepage tree
 of the node (a fake sysfs under the same node root as the sockets).
 """

@@ -8,25 +8,53 @@ from __future__ import annotations
 
 import copy
 import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import celpy
 import jsonschema
 import kubernetes_validate
+import pytest
 import yaml
+from hicache_operator.api.config import OperatorConfig
 from hicache_operator.api.crd import openapi_schema
 from hicache_operator.api.quantity import parse_bytes
+from hicache_operator.plan import SpecError, plan
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").rglob("*.yaml"))
 K8S_VERSION = "1.33"
 
 
+Mutation = Callable[[dict[str, Any]], Any]
+
+
 def load_example(name: str) -> dict[str, Any]:
     data = yaml.safe_load((ROOT / "examples" / name).read_text())
     assert isinstance(data, dict)
     return data
+
+
+def example_cr(example: str, *mutations: Mutation) -> dict[str, Any]:
+    """A copy of ``examples/<example>`` with each mutation applied to its spec in turn."""
+    cr = copy.deepcopy(load_example(example))
+    for mutate in mutations:
+        mutate(cr["spec"])
+    return cr
+
+
+def plan_problems(cr: dict[str, Any], config: OperatorConfig | None = None
+                  ) -> list[tuple[str, str]]:
+    """The (field path, message) problems the planner refuses ``cr`` with (it must refuse)."""
+    with pytest.raises(SpecError) as err:
+        plan(cr, config or OperatorConfig())
+    assert isinstance(err.value, ValueError)
+    return err.value.problems
+
+
+def has_problem(problems: list[tuple[str, str]], path: str, *fragments: str) -> bool:
+    return any(p == path and all(f in m for f in fragments) for p, m in problems)
 
 
 def apply_defaults(schema: dict[str, Any], obj: Any) -> Any:
@@ -144,6 +172,19 @@ def pod_spec(objects: list[dict[str, Any]]) -> dict[str, Any]:
     spec = sts["spec"]["template"]["spec"]
     assert isinstance(spec, dict)
     return spec
+
+
+def engine_container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    container: dict[str, Any] = next(
+        c for c in pod_spec(objects)["containers"] if c["name"] == "engine")
+    return container
+
+
+def configmap_env(objects: list[dict[str, Any]]) -> dict[str, str]:
+    """The rendered engine env (the ConfigMap's data)."""
+    data: dict[str, str] = next(o for o in objects if o["kind"] == "ConfigMap")["data"]
+    assert isinstance(data, dict)
+    return data
 
 
 def all_containers(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -4,41 +4,24 @@ the refusals are tests/backend/test_builtin_backend_sglang.py)."""
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 from hicache_operator.api.config import OperatorConfig
 from hicache_operator.plan import SpecError, plan
 from hicache_umbp.contract.load import load_launch_config
-from shc_testlib import all_containers, load_example
+from shc_testlib import all_containers
+from shc_testlib import configmap_env as _configmap
+from shc_testlib import example_cr as _cr
+from shc_testlib import plan_problems as _problems
 
 CONFIG = OperatorConfig()
 BUILTIN = "cpu/tiny-llama-builtin.yaml"
 
 
-def _cr(example: str, mutate: Callable[[dict[str, Any]], Any] | None = None) -> dict[str, Any]:
-    cr = copy.deepcopy(load_example(example))
-    if mutate:
-        mutate(cr["spec"])
-    return cr
-
-
 def _builtin(spec: dict[str, Any]) -> None:
     spec["l3"]["backend"] = "sglang-mori"
     spec["l3"].pop("ssd", None)
-
-
-def _configmap(objects: list[dict[str, Any]]) -> dict[str, str]:
-    data: dict[str, str] = next(o for o in objects if o["kind"] == "ConfigMap")["data"]
-    return data
-
-
-def _problems(cr: dict[str, Any]) -> list[tuple[str, str]]:
-    with pytest.raises(SpecError) as err:
-        plan(cr, CONFIG)
-    return err.value.problems
 
 
 def test_builtin_embedded_renders_sglangs_flag_and_only_the_keys_it_reads() -> None:

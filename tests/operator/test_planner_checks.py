@@ -17,27 +17,17 @@ import pytest
 from hicache_operator.api.config import NodeFacts, OperatorConfig
 from hicache_operator.api.quantity import parse_bytes
 from hicache_operator.controller.kube import PERMISSIONS
-from hicache_operator.plan import SpecError, plan, render_summary
+from hicache_operator.plan import plan, render_summary
 from hicache_operator.planner.errors import Problems
 from hicache_operator.planner.object_checks import check_objects
 from hicache_umbp.contract.units import fmt_bytes
 from shc_testlib import crd_schema_errors, load_example, pod_spec, validate_k8s
+from shc_testlib import example_cr as _cr
+from shc_testlib import plan_problems as _problems
 
 pytestmark = pytest.mark.unit
 CONFIG = OperatorConfig()
 PLANNER = Path(__file__).resolve().parents[2] / "operator" / "hicache_operator" / "planner"
-
-
-def _cr(example: str, mutate: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
-    cr = copy.deepcopy(load_example(example))
-    mutate(cr["spec"])
-    return cr
-
-
-def _problems(cr: dict[str, Any]) -> list[tuple[str, str]]:
-    with pytest.raises(SpecError) as err:
-        plan(cr, CONFIG)
-    return err.value.problems
 
 
 def _placement(**fields: Any) -> Callable[[dict[str, Any]], Any]:

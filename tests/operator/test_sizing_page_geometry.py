@@ -8,7 +8,6 @@ are worked out by hand in each docstring.
 
 from __future__ import annotations
 
-import copy
 import itertools
 from collections.abc import Callable
 from typing import Any
@@ -27,7 +26,8 @@ from hicache_umbp.contract.load import load_launch_config, render_env
 from hicache_umbp.contract.page_limits import page_size_problems
 from hicache_umbp.contract.settings import BY_KEY
 from hicache_umbp.contract.staging import SSD_STAGING_SLOTS, ssd_keys_per_call
-from shc_testlib import all_containers, load_example
+from shc_testlib import all_containers
+from shc_testlib import example_cr as _cr
 
 GI = 1024**3
 MI = 1024**2
@@ -38,13 +38,6 @@ L70 = "llama-3.1-70b-mi355x.yaml"  # MHA, TP4, standalone, kvBytesPerToken 327,6
 L405 = "llama-3.1-405b-mi355x.yaml"  # MHA, TP8, embedded, kvBytesPerToken 516,096
 
 Mutation = Callable[[dict[str, Any]], Any]
-
-
-def _cr(example: str, *mutations: Mutation) -> dict[str, Any]:
-    cr = copy.deepcopy(load_example(example))
-    for m in mutations:
-        m(cr["spec"])
-    return cr
 
 
 def _plan(example: str, *mutations: Mutation) -> Plan:

@@ -2,10 +2,10 @@
 
 :class:`HostAllocator` hands out :class:`HostBuffer` objects. Two paths, same reporting:
 
-* **mori** (the engine image and the mori venv, where ``mori.umbp`` imports): memory comes from
-  ``UMBPHostMemAllocator.alloc(size, backing, hugepage_size, numa_node, prefault=False)``.
-  Standalone mode needs it: the standalone server only accepts buffers this allocator made
-  with an ``AnonymousShm`` / ``AnonymousShmHugetlb`` (memfd) backing.
+* **mori** (the engine image and the engine environment, where ``mori.umbp`` imports): memory comes
+  from ``UMBPHostMemAllocator.alloc(size, backing, hugepage_size, numa_node, prefault=False)``.
+  Standalone mode needs it: the standalone server only accepts buffers this allocator made with an
+  ``AnonymousShm`` / ``AnonymousShmHugetlb`` (memfd) backing.
 * **mmap** (the 3.11 project venv, the operator, anything without mori): ``mmap`` through
   ctypes with ``MAP_HUGETLB | MAP_HUGE_<size>`` (private) or ``memfd_create(MFD_HUGETLB)``
   (shared), NUMA binding with ``mbind(MPOL_BIND)``.
