@@ -26,6 +26,7 @@ from chartkit import (
     run,
     tool,
 )
+from hicache_operator.api.crd import crd_yaml
 
 pytestmark = pytest.mark.chart
 
@@ -88,21 +89,22 @@ def test_crds_render_with_include_crds_and_are_valid() -> None:
     assert {"clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"} <= names
     for crd in crds:
         kubernetes_validate.validate(crd, KUBE_VERSION, strict=True)
-    if CRD_FILE.exists():
-        assert "sglanghicaches.hicache.sglang.ai" in names
+    assert "sglanghicaches.hicache.sglang.ai" in names
     # helm never templates crds/: a template directive there would reach the cluster verbatim.
     for path in (CHART / "crds").glob("*.yaml"):
         assert "{{" not in path.read_text(), f"{path} contains template directives"
 
 
-@pytest.mark.skipif(not CRD_FILE.exists(), reason="crds/sglanghicaches.yaml not generated yet "
-                    "(make crd; written from the API models by the planner issue)")
 def test_sglanghicache_crd_copy_is_the_generated_one() -> None:
-    crd = yaml.safe_load(CRD_FILE.read_text())
-    assert crd["kind"] == "CustomResourceDefinition"
-    assert crd["spec"]["group"] == "hicache.sglang.ai"
-    assert crd["spec"]["names"]["kind"] == "SGLangHiCache"
-    assert "shc" in crd["spec"]["names"].get("shortNames", [])
+    """The chart ships exactly the CRD the operator generates from its API models (``make
+    crd``), and helm installs that one: the copy in crds/ and the CRD helm renders equal it."""
+    generated = yaml.safe_load(crd_yaml())
+    assert yaml.safe_load(CRD_FILE.read_text()) == generated
+    (rendered,) = [c for c in by_kind(helm_template(include_crds=True), "CustomResourceDefinition")
+                   if c["metadata"]["name"] == generated["metadata"]["name"]]
+    assert rendered == generated
+    assert generated["spec"]["names"]["kind"] == "SGLangHiCache"
+    assert "shc" in generated["spec"]["names"]["shortNames"]
 
 
 def test_default_deployment_is_hardened_and_highly_available() -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from .harness import Client, load_cr, plan_pod, start_pod
 from .test_restart_pod import restart_engine
-from .test_serving_pod import PROMPT, fillers
+from .test_serving_pod import PROMPT, assert_operator_reads, capture_metrics, fillers
 
 pytestmark = pytest.mark.pod
 
@@ -120,3 +120,38 @@ def test_builtin_standalone_serves_storage_hits_after_an_engine_restart(
         assert "released the host pool registration" in pod.container("engine").log_text(200_000)
     finally:
         pod.close()
+
+
+@pytest.mark.timeout(1200)
+def test_builtin_sidecar_restart_leaves_l3_writes_failing_and_the_operator_reads_it(
+        node, image, workdir: Path, models_dir: Path) -> None:
+    """SGLang's built-in client never reconnects to a restarted standalone sidecar (mori 1.2.4):
+    every later L3 write fails while SGLang keeps serving from the device and the host pool.
+    The page SGLang then serves is the one the operator reads as ``l3Writes: Failing`` (its
+    ``StorageWritesFailing`` Event): host backups, no L3 backup."""
+    from hicache_operator.cachestats import scrape_cache_figures
+
+    planned = plan_pod(load_cr("cpu/tiny-llama-builtin-standalone.yaml"))
+    pod = start_pod(planned, node, image, workdir, {"tiny-models": models_dir})
+    try:
+        pod.wait_ready(600)
+        sidecar = pod.container("umbp-dram")
+        before = sidecar.restarts
+        sidecar.kill(grace_s=5, reason="Killing")
+        pod.wait(lambda: sidecar.restarts > before and sidecar.started.is_set(), 120,
+                 "the umbp-dram sidecar restarted")
+        c = Client(30013)
+        cold = c.generate(PROMPT)
+        pushed = [c.generate(text) for text in fillers(4)]
+        host = c.generate(PROMPT)
+        assert host["meta_info"]["cached_tokens_details"]["host"] > 0, host["meta_info"]
+        assert host["text"] == cold["text"]  # serving goes on without L3
+        metrics = c.metrics()
+        assert _metric(metrics, "sglang:backuped_tokens_total", storage_backend="mori") == 0
+        told = [cold, *pushed, host]
+        assert_operator_reads(30013, told)
+        assert scrape_cache_figures("http://127.0.0.1:30013").l3_writes == "Failing"
+        capture_metrics(metrics, "tp1-sglang-mori-sidecar-restarted", told)
+    finally:
+        pod.close()
+

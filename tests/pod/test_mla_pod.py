@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from .harness import Client, load_cr, running_pod
-from .test_serving_pod import assert_operator_reads
+from .test_serving_pod import assert_operator_reads, capture_metrics
 
 pytestmark = pytest.mark.pod
 
@@ -43,4 +43,6 @@ def test_mla_tp2_gets_l3_hits_from_one_store_per_pod(node, image, workdir: Path,
         # MLA differently with and without a cached prefix on CPU, so even a device hit
         # changes it; measured, and not a cache effect.)
         assert again["text"] == device["text"]
-        assert_operator_reads(cr["spec"]["engine"]["port"], [cold, device, *pushed, again])
+        told = [cold, device, *pushed, again]
+        assert_operator_reads(cr["spec"]["engine"]["port"], told)
+        capture_metrics(c.metrics(), "tp2-umbp-mla-standalone", told)

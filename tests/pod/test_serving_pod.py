@@ -10,6 +10,7 @@ device SGLang computes on (CPU, via tests/cpu_engine). See tests/pod/runtime.py.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -27,11 +28,19 @@ def fillers(n: int) -> list[str]:
     return [" ".join(f"other{i} filler{j} text" for j in range(120)) for i in range(n)]
 
 
-def capture_metrics(text: str, name: str) -> None:
-    """Keep a real /metrics page as a fixture (HICACHE_CAPTURE_METRICS_DIR=tests/fixtures/...)."""
+def capture_metrics(text: str, name: str, responses: list[dict[str, Any]]) -> None:
+    """Keep a real /metrics page as a fixture (HICACHE_CAPTURE_METRICS_DIR=tests/fixtures/...),
+    with what SGLang told the clients of every request the page counts (``meta_info``'s prompt
+    and cached tokens per tier), so the parser's figures are checked against SGLang's own
+    answers to those requests, not against the page itself."""
     target = os.environ.get("HICACHE_CAPTURE_METRICS_DIR")
     if target:
         Path(target, f"real-0.5.23-{name}.txt").write_text(text)
+        told = [{"prompt_tokens": r["meta_info"]["prompt_tokens"],
+                 "cached_tokens_details": r["meta_info"].get("cached_tokens_details") or {}}
+                for r in responses]
+        Path(target, f"real-0.5.23-{name}.requests.json").write_text(
+            json.dumps(told, indent=1) + "\n")
 
 
 def expected_ratios(responses: list[dict[str, Any]]) -> dict[str, float]:
@@ -61,12 +70,13 @@ def test_embedded_pod_serves_with_host_hits(node, image, workdir: Path, models_d
         cold = c.generate(PROMPT)
         again = c.generate(PROMPT)
         assert again["meta_info"]["cached_tokens_details"]["device"] > 0
+        capture_metrics(c.metrics(), "tp1-umbp-embedded-t0", [cold, again])
         pushed = [c.generate(text) for text in fillers(4)]
         host = c.generate(PROMPT)
         assert host["meta_info"]["cached_tokens_details"]["host"] > 0, host["meta_info"]
         assert cold["text"] == again["text"] == host["text"]
         assert_operator_reads(30000, [cold, again, *pushed, host])
-        capture_metrics(c.metrics(), "tp1-umbp-embedded")
+        capture_metrics(c.metrics(), "tp1-umbp-embedded", [cold, again, *pushed, host])
         engine = pod.container("engine")
         from .podspec import probe
 
