@@ -60,7 +60,7 @@ def hammer(
         else:
             mem = alloc(nbytes)
             buffers.append(mem)
-            ptr = int(mem.ptr)  # type: ignore[attr-defined]
+            ptr = int(mem.ptr)
             ctypes.memset(ptr, fill, nbytes)
         assert store.register_buffer(ptr, nbytes)
         return ptr

@@ -152,7 +152,7 @@ def fill_random(host: Any, seed: int) -> None:
 
 
 def host_tensors(host: Any) -> list[torch.Tensor]:
-    out = []
+    out: list[torch.Tensor] = []
     for name in ("kv_buffer", "k_buffer", "v_buffer"):
         v = getattr(host, name, None)
         for t in v if isinstance(v, (list, tuple)) else [v]:

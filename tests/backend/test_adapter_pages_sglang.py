@@ -101,7 +101,7 @@ def test_fp8_pools_are_told_apart_by_sglangs_kv_cache_dtype(
 ) -> None:
     """Real host pools: SGLang stores every fp8 KV cache as uint8 in the host pool, so the pool
     alone cannot tell e4m3 from e5m2; the server's --kv-cache-dtype completes the field."""
-    from hicache_umbp.sglang.adapter import page_format_of
+    from hicache_umbp.sglang.host_pool import page_format_of
 
     host = E.host_pool(E.mha_device_pool(dtype=dtype))
     fmt = page_format_of(host, kv_cache_dtype)
@@ -138,7 +138,7 @@ def _attach(extra: dict[str, Any], host: Any) -> UMBPHiCacheStorage:
     cfg = storage_config(extra, mla=True)
     backend = StorageBackendFactory.create_backend("dynamic", cfg, host)
     backend.register_mem_pool_host(host)
-    return backend  # type: ignore[no-any-return]
+    return backend
 
 
 def test_the_store_is_sized_from_the_registered_pools_real_page_part(tmp_path: Any) -> None:

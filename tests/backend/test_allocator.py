@@ -10,13 +10,13 @@ from __future__ import annotations
 import gc
 import logging
 import weakref
+from pathlib import Path
 
 import numpy as np
 import pytest
+from hicache_umbp.contract.units import GIB, MIB
 from hicache_umbp.hostmem.allocator import (
     BASE_PAGE,
-    GIB,
-    MIB,
     HostAllocator,
     HugepagesUnavailableError,
     hugepages_free,
@@ -33,14 +33,14 @@ def _maps_line(path: str, ptr: int) -> str:
 
 
 @pytest.fixture
-def mmap_alloc():  # type: ignore[no-untyped-def]
-    def make(**kw):  # type: ignore[no-untyped-def]
+def mmap_alloc():
+    def make(**kw):
         return HostAllocator(use_mori=False, **kw)
 
     return make
 
 
-def test_hugepage_request_reports_the_real_backing(mmap_alloc, caplog) -> None:  # type: ignore[no-untyped-def]
+def test_hugepage_request_reports_the_real_backing(mmap_alloc, caplog) -> None:
     alloc = mmap_alloc(hugepage_bytes=2 * MIB, prefault=True)
     with caplog.at_level(logging.WARNING, logger="hicache_umbp.hostmem.allocator"):
         buf = alloc.alloc(SIZE)
@@ -55,7 +55,7 @@ def test_hugepage_request_reports_the_real_backing(mmap_alloc, caplog) -> None: 
     buf.free()
 
 
-def test_demotion_can_be_refused(mmap_alloc) -> None:  # type: ignore[no-untyped-def]
+def test_demotion_can_be_refused(mmap_alloc) -> None:
     alloc = mmap_alloc(hugepage_bytes=GIB, allow_demotion=False)
     if hugepages_free(GIB) >= 1:
         assert not alloc.alloc(GIB).demoted
@@ -64,26 +64,26 @@ def test_demotion_can_be_refused(mmap_alloc) -> None:  # type: ignore[no-untyped
         alloc.alloc(SIZE)
 
 
-def test_small_pages_are_not_a_demotion(mmap_alloc) -> None:  # type: ignore[no-untyped-def]
+def test_small_pages_are_not_a_demotion(mmap_alloc) -> None:
     buf = mmap_alloc(hugepage_bytes=0).alloc(SIZE)
     assert not buf.demoted and buf.backing.page_bytes == BASE_PAGE
     assert buf.backing.path == "mmap"
 
 
 @pytest.mark.parametrize("threads", [1, 3, 8])
-def test_prefault_makes_every_page_resident(mmap_alloc, threads: int) -> None:  # type: ignore[no-untyped-def]
+def test_prefault_makes_every_page_resident(mmap_alloc, threads: int) -> None:
     buf = mmap_alloc(hugepage_bytes=0, prefault=False).alloc(SIZE)
     assert mapping_info(buf.ptr).get("Rss", 0) == 0
     assert buf.prefault(threads) == threads
     assert mapping_info(buf.ptr)["Rss"] == buf.mapped_size
 
 
-def test_alloc_prefaults_by_default(mmap_alloc) -> None:  # type: ignore[no-untyped-def]
+def test_alloc_prefaults_by_default(mmap_alloc) -> None:
     buf = mmap_alloc(hugepage_bytes=0, prefault_threads=2).alloc(SIZE)
     assert mapping_info(buf.ptr)["Rss"] == buf.mapped_size
 
 
-def test_shared_buffers_are_memfd_backed(mmap_alloc) -> None:  # type: ignore[no-untyped-def]
+def test_shared_buffers_are_memfd_backed(mmap_alloc) -> None:
     buf = mmap_alloc(hugepage_bytes=0, shared=True).alloc(SIZE)
     assert buf.backing.shared
     assert "/memfd:hicache-host-pool" in _maps_line("/proc/self/maps", buf.ptr)
@@ -91,7 +91,7 @@ def test_shared_buffers_are_memfd_backed(mmap_alloc) -> None:  # type: ignore[no
     assert "memfd" not in _maps_line("/proc/self/maps", private.ptr)
 
 
-def test_numa_binding_is_applied(mmap_alloc) -> None:  # type: ignore[no-untyped-def]
+def test_numa_binding_is_applied(mmap_alloc) -> None:
     node = numa_nodes()[-1]
     buf = mmap_alloc(hugepage_bytes=0, numa_node=node).alloc(SIZE)
     line = _maps_line("/proc/self/numa_maps", buf.ptr)
@@ -99,7 +99,7 @@ def test_numa_binding_is_applied(mmap_alloc) -> None:  # type: ignore[no-untyped
     assert f"N{node}={buf.mapped_size // BASE_PAGE}" in line
 
 
-def test_view_roundtrips_and_keeps_the_buffer_alive(mmap_alloc) -> None:  # type: ignore[no-untyped-def]
+def test_view_roundtrips_and_keeps_the_buffer_alive(mmap_alloc) -> None:
     buf = mmap_alloc(hugepage_bytes=0).alloc(SIZE)
     arr = np.frombuffer(buf.view(), dtype=np.uint8)
     data = np.random.default_rng(0).integers(0, 256, SIZE, dtype=np.uint8)
@@ -108,13 +108,14 @@ def test_view_roundtrips_and_keeps_the_buffer_alive(mmap_alloc) -> None:  # type
     watch = weakref.ref(buf)
     del buf
     gc.collect()
-    assert watch() is not None and not watch().freed, "a live view lost its buffer"
+    alive = watch()
+    assert alive is not None and not alive.freed, "a live view lost its buffer"
     del arr
     gc.collect()
     assert watch() is None
 
 
-def test_buffer_keeps_its_allocator_alive(mmap_alloc) -> None:  # type: ignore[no-untyped-def]
+def test_buffer_keeps_its_allocator_alive(mmap_alloc) -> None:
     alloc = mmap_alloc(hugepage_bytes=0)
     buf = alloc.alloc(SIZE)
     watch = weakref.ref(alloc)
@@ -123,7 +124,7 @@ def test_buffer_keeps_its_allocator_alive(mmap_alloc) -> None:  # type: ignore[n
     assert watch() is buf.allocator
 
 
-def test_free_is_idempotent_and_views_refuse_afterwards(mmap_alloc) -> None:  # type: ignore[no-untyped-def]
+def test_free_is_idempotent_and_views_refuse_afterwards(mmap_alloc) -> None:
     buf = mmap_alloc(hugepage_bytes=0).alloc(SIZE)
     ptr = buf.ptr
     buf.free()
@@ -142,12 +143,12 @@ def test_free_is_idempotent_and_views_refuse_afterwards(mmap_alloc) -> None:  # 
         ({"prefault_threads": -1}, "prefault_threads must be >= 0"),
     ],
 )
-def test_bad_settings_name_the_field(kwargs, match: str) -> None:  # type: ignore[no-untyped-def]
+def test_bad_settings_name_the_field(kwargs, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         HostAllocator(use_mori=False, **kwargs)
 
 
-def test_bad_size_is_rejected(mmap_alloc) -> None:  # type: ignore[no-untyped-def]
+def test_bad_size_is_rejected(mmap_alloc) -> None:
     with pytest.raises(ValueError, match="size must be > 0"):
         mmap_alloc().alloc(0)
 
@@ -190,7 +191,7 @@ def test_a_prefault_failure_in_any_worker_is_raised(threads: int) -> None:
 
 
 def test_numa_node_outside_the_containers_allowed_nodes_is_refused(
-    tmp_path: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Real parsing of /proc/self/status on this host (node 0 allowed); faked: a status file
     saying the container may use node 1 only (this host has one NUMA node, so a cpuset that
@@ -202,7 +203,7 @@ def test_numa_node_outside_the_containers_allowed_nodes_is_refused(
     assert A.allowed_numa_nodes() == sorted(
         set(A.numa_nodes()) & set(K._parse_node_list(_status_field("Mems_allowed_list")))
     )
-    status = tmp_path / "status"  # type: ignore[operator]
+    status = tmp_path / "status"
     status.write_text("Name:\tpython\nMems_allowed_list:\t1,3-4\n")
     monkeypatch.setattr(K, "STATUS_PATH", str(status))
     monkeypatch.setattr(K, "numa_nodes", lambda: [0, 1, 3, 4])
@@ -235,7 +236,7 @@ def _vm_flags(ptr: int) -> list[str]:
     return []
 
 
-def test_private_buffers_are_not_copied_on_fork_shared_ones_need_not_be(mmap_alloc) -> None:  # type: ignore[no-untyped-def]
+def test_private_buffers_are_not_copied_on_fork_shared_ones_need_not_be(mmap_alloc) -> None:
     """Real mappings, read back from /proc/self/smaps (VmFlags ``dc`` = MADV_DONTFORK). A
     private mapping registered with the GPU driver (hipHostRegister / cudaHostRegister pins its
     pages) would be write-protected for copy-on-write by any fork(), and the parent's next write
@@ -264,7 +265,7 @@ def _numa_line(ptr: int) -> str:
 
 @pytest.mark.parametrize("shared", [False, True], ids=["MAP_HUGETLB", "MFD_HUGETLB"])
 def test_hugepage_buffers_are_really_backed_bound_and_prefaulted(
-    mmap_alloc, hugepages_2m, shared: bool  # type: ignore[no-untyped-def]
+    mmap_alloc, hugepages_2m, shared: bool
 ) -> None:
     """64 MiB from 2 MiB hugepages (private MAP_HUGETLB or memfd MFD_HUGETLB), bound to NUMA
     node 0 with mbind and prefaulted by 2 threads: the kernel reports 2 MiB pages, every page
@@ -289,7 +290,7 @@ def test_hugepage_buffers_are_really_backed_bound_and_prefaulted(
 
 
 @pytest.mark.parametrize("threads", [1, 2, 4])
-def test_parallel_prefault_touches_every_hugepage(mmap_alloc, hugepages_2m, threads: int) -> None:  # type: ignore[no-untyped-def]
+def test_parallel_prefault_touches_every_hugepage(mmap_alloc, hugepages_2m, threads: int) -> None:
     pool = hugepages_2m(32)
     free_before = pool.free()
     buf = mmap_alloc(hugepage_bytes=HP, prefault=False, allow_demotion=False).alloc(32 * MIB)
@@ -301,7 +302,7 @@ def test_parallel_prefault_touches_every_hugepage(mmap_alloc, hugepages_2m, thre
         buf.free()
 
 
-def test_a_hugepage_shortage_is_refused_instead_of_demoted(mmap_alloc, hugepages_2m) -> None:  # type: ignore[no-untyped-def]
+def test_a_hugepage_shortage_is_refused_instead_of_demoted(mmap_alloc, hugepages_2m) -> None:
     """More than every free 2 MiB hugepage of the machine: mmap cannot reserve them, and with
     demotion refused the allocator raises instead of silently using 4 KiB pages."""
     pool = hugepages_2m(8)

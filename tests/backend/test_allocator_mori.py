@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from hicache_umbp.clients.factories import make_standalone_client
 from hicache_umbp.contract.mori_env import standalone_server_env
+from hicache_umbp.contract.units import MIB
 from hicache_umbp.hostmem.allocator import (
     BASE_PAGE,
-    MIB,
     HostAllocator,
     hugepages_free,
     mapping_info,
@@ -92,7 +92,7 @@ def test_standalone_server_needs_shared_buffers(standalone_servers: StandaloneSe
 @pytest.mark.parametrize(("shared", "backing"), [(False, "AnonymousHugetlb"),
                                                  (True, "AnonymousShmHugetlb")])
 def test_mori_hugepage_buffers_are_really_backed_and_prefaulted_in_parallel(
-    hugepages_2m, shared: bool, backing: str  # type: ignore[no-untyped-def]
+    hugepages_2m, shared: bool, backing: str
 ) -> None:
     """Real hugepages reserved for the test (the fixture gives them back), real mori allocator:
     64 MiB with hugetlb backing on NUMA node 0, prefaulted by 2 threads. mori reports the

@@ -7,7 +7,7 @@ test_client_contract_mori.py), memfd buffers and ctypes copies. Faked: the clien
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -49,7 +49,7 @@ def test_double_is_a_client_like() -> None:
 
 
 @pytest.fixture
-def arena() -> Arena:
+def arena() -> Iterator[Arena]:
     a = Arena(4 * VALUE)
     a.view[:] = np.arange(a.nbytes, dtype=np.uint64).astype(np.uint8)
     yield a
@@ -68,7 +68,7 @@ def arena() -> Arena:
         ("clear", lambda a: ()),
     ],
 )
-def test_injected_faults_then_recovery(arena: Arena, method: str, args) -> None:  # type: ignore[no-untyped-def]
+def test_injected_faults_then_recovery(arena: Arena, method: str, args) -> None:
     client = MemoryUMBPClient(16 * VALUE)
     call = getattr(client, method)
     client.inject(method, "raise")
@@ -111,7 +111,7 @@ def test_bad_injection_names_the_allowed_values() -> None:
     with pytest.raises(ValueError, match=r"unknown method .put.*batch_put_from_ptr"):
         client.inject("put", "raise")
     with pytest.raises(ValueError, match=r"unknown fault .boom.*raise, false, none, partial"):
-        client.inject("flush", "boom")  # type: ignore[arg-type]
+        client.inject("flush", "boom")
 
 
 @pytest.mark.parametrize(
@@ -125,7 +125,7 @@ def test_bad_injection_names_the_allowed_values() -> None:
 )
 def test_double_rejects_bad_settings(kwargs: dict[str, float], match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        MemoryUMBPClient(**kwargs)  # type: ignore[arg-type]
+        MemoryUMBPClient(**kwargs)
 
 
 def test_eviction_follows_the_watermarks(arena: Arena) -> None:
@@ -150,13 +150,13 @@ def test_granularity_charges_small_values_a_whole_slot(arena: Arena) -> None:
 # (choices made before mori is imported, so these run without mori)
 
 
-def _rank(**extra):  # type: ignore[no-untyped-def]
+def _rank(**extra):
     from hicache_umbp.contract.load import load_store_config
 
     return load_store_config(extra, env={}).rank(0)
 
 
-def test_distributed_without_rdma_nic_is_a_clear_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_distributed_without_rdma_nic_is_a_clear_error(tmp_path) -> None:
     from hicache_umbp.clients.runtime import DistributedModeUnavailableError, require_distributed
 
     no_nic = r"needs an RDMA NIC.*lists no device"
@@ -197,7 +197,7 @@ def test_make_client_refuses_distributed_here() -> None:
         ({"umbp_mode": "standalone", "umbp_ssd_enabled": True}, ("dram", "ssd")),
     ],
 )
-def test_configured_media(extra, media) -> None:  # type: ignore[no-untyped-def]
+def test_configured_media(extra, media) -> None:
     assert _rank(**extra).media() == media
 
 

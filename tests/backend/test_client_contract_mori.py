@@ -21,6 +21,7 @@ from hicache_umbp.clients.factories import (
     make_embedded_ssd_client,
     make_standalone_client,
 )
+from hicache_umbp.contract.media import Medium
 from hicache_umbp.contract.mori_env import standalone_server_env
 from hicache_umbp.contract.staging import SSD_STAGING_SLOTS
 from hicache_umbp.store.protocol import UMBPClientLike
@@ -64,20 +65,20 @@ def _embedded_ssd(tmp: Path, servers: StandaloneServers) -> Subject:
     )
 
 
-def _standalone(medium: str) -> SubjectBuilder:
+def _standalone(medium: Medium) -> SubjectBuilder:
     def build(tmp: Path, servers: StandaloneServers) -> Subject:
         counter = iter(range(1_000_000))
 
         def open_(n: int) -> OpenedClient:
             i = next(counter)
             env = standalone_server_env(
-                medium,  # type: ignore[arg-type]
+                medium,
                 capacity_bytes=n * VALUE,
                 ssd_dir=str(tmp / f"sa-ssd-{i}") if medium == "ssd" else "",
                 value_bytes=VALUE,
             )
             server = servers.start(medium, env, name=f"{medium}-{i}")
-            client = make_standalone_client(server.socket_path, medium, wait_s=30)  # type: ignore[arg-type]
+            client = make_standalone_client(server.socket_path, medium, wait_s=30)
             client._on_close.append(server.stop)
             return client
 
@@ -205,7 +206,7 @@ def test_ssd_batch_past_the_staging_slots_fails_its_tail(tmp_path: Path) -> None
     assert opened_client.max_batch_keys == 4
 
 
-def test_make_client_from_the_configuration(tmp_path: Path, standalone_servers) -> None:  # type: ignore[no-untyped-def]
+def test_make_client_from_the_configuration(tmp_path: Path, standalone_servers) -> None:
     """The config-driven factory opens the real clients: embedded DRAM, embedded SSD (pages in
     <umbp_ssd_dir>/rank-0) and standalone (servers at <umbp_socket_dir>/<medium>.sock)."""
     from hicache_umbp.clients.factories import make_client

@@ -38,7 +38,7 @@ class Servers:
 
     def kill(self) -> None:
         for method in ("batch_put_from_ptr", "batch_get_into_ptr", "batch_exists"):
-            self.current.inject(method, "false", times=10**6)  # type: ignore[arg-type]
+            self.current.inject(method, "false", times=10**6)
         self.current.inject("register_memory", "raise", times=10**6)
 
     def restart(self, ready: bool = True) -> None:
@@ -85,7 +85,7 @@ def test_a_restarted_server_gets_a_new_client_with_every_buffer_again(
 def test_calls_fail_fast_while_the_new_server_is_not_ready(tmp_path: Path, buf: Any) -> None:
     servers = Servers(tmp_path / "ssd.sock")
     client = ReconnectingClient(str(servers.path), servers.connect)
-    client.RETRY_S = 0.01  # type: ignore[misc]  # the background retry period
+    client.RETRY_S = 0.01  # the background retry period
     _, ptr = buf
     try:
         assert client.register_memory(ptr, 4 * SIZE) is True

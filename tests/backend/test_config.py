@@ -48,7 +48,7 @@ def valid_value(s: Setting, ranks: int) -> st.SearchStrategy[Any]:
         hi = 1e12 if s.maximum is None else s.maximum
         return st.floats(lo, hi, allow_nan=False, allow_infinity=False)
     if s.kind == "str":
-        return st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=30)
+        return st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=30)
     if s.kind == "enum":
         return st.sampled_from(s.choices)
     low, high = _bounds(s)

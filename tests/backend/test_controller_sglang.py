@@ -124,6 +124,7 @@ def test_backup_then_prefetch_round_trips_byte_exact(
     assert (stats["pages_set"], stats["pages_get"], stats["errors"]) == (n, n, {})
     if "ssd" in mode:  # the pages reached the SSD tier's files (write-back drained by flush)
         ssd_dir = tmp_path / ("sidecar-ssd" if mode.startswith("standalone") else "ssd")
+        assert backend._plan is not None
         assert segment_bytes(ssd_dir) >= n * sum(backend._plan.sizes)
     assert S.threads_alive(stack.ctrl)
 

@@ -136,7 +136,7 @@ def test_other_backends_keep_sglangs_allocator(model_dir: Path) -> None:
     sglang_hook.install()
     pool = E.host_pool(E.mha_device_pool(), allocator_type=get_allocator_type())
     assert type(pool.allocator) is HostTensorAllocator
-    sglang_hook.check_pool_allocator(pool, None)  # chosen through the hook: no error
+    sglang_hook.check_pool_allocator(pool)  # chosen through the hook: no error
 
 
 def test_pool_built_around_the_hook_is_detected() -> None:
@@ -148,7 +148,7 @@ def test_pool_built_around_the_hook_is_detected() -> None:
         allocator = HostTensorAllocator()  # never asked get_allocator_from_storage
 
     with pytest.raises(RuntimeError, match="internals changed"):
-        sglang_hook.check_pool_allocator(Pool(), None)
+        sglang_hook.check_pool_allocator(Pool())
 
 
 def test_install_refuses_another_sglang_version(monkeypatch: pytest.MonkeyPatch) -> None:

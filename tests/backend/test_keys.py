@@ -3,6 +3,8 @@ field that changes a page's bytes. Everything here is real (no doubles)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hicache_umbp.contract.page_limits import MHA_PARTS, MLA_PARTS
 from hicache_umbp.store.keys import SCHEME, SCHEME_VERSION, KeyScheme, PageFormat, parse_key
@@ -10,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 # Any text mori can carry (UTF-8 encodable: no lone surrogates), slashes and percents included.
-text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=20)
+text = st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=20)
 part_names = st.lists(text.filter(bool), min_size=1, max_size=3, unique=True).map(tuple)
 formats = st.builds(PageFormat, layout=text, kv_dtype=text, page_tokens=st.integers(0, 4096),
                     format_tag=text)
@@ -24,7 +26,7 @@ schemes = st.builds(
     page_format=formats,
     backend_tag=text,
 )
-hashes = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=70)
+hashes = st.text(alphabet=st.characters(exclude_categories=["Cs"]), min_size=1, max_size=70)
 
 
 def _fields(s: KeyScheme) -> tuple[object, ...]:
@@ -77,11 +79,11 @@ def test_namespaces_with_slashes_do_not_collide() -> None:
     ],
     ids=["layout", "dtype", "fp8-variant", "page-size", "format-tag", "backend-tag"],
 )
-def test_each_page_format_field_separates_keys(change: dict[str, object]) -> None:
-    base = dict(namespace="ns", model_id="m", tp_size=8, rank=0, parts=MHA_PARTS,
-                page_format=PageFormat("page_first", "bfloat16", 64))
-    one = KeyScheme(**base)  # type: ignore[arg-type]
-    two = KeyScheme(**{**base, **change})  # type: ignore[arg-type]
+def test_each_page_format_field_separates_keys(change: dict[str, Any]) -> None:
+    base: dict[str, Any] = dict(namespace="ns", model_id="m", tp_size=8, rank=0, parts=MHA_PARTS,
+                                page_format=PageFormat("page_first", "bfloat16", 64))
+    one = KeyScheme(**base)
+    two = KeyScheme(**{**base, **change})
     assert set(one.page_keys("h")).isdisjoint(two.page_keys("h"))
 
 
@@ -105,11 +107,11 @@ def test_key_shape_is_the_documented_one() -> None:
         ({"page_format": "page_first"}, "page_format="),
     ],
 )
-def test_bad_scheme_is_refused_naming_the_field(kwargs: dict[str, object], message: str) -> None:
-    args: dict[str, object] = {"namespace": "", "model_id": "m", "tp_size": 1, "rank": 0}
+def test_bad_scheme_is_refused_naming_the_field(kwargs: dict[str, Any], message: str) -> None:
+    args: dict[str, Any] = {"namespace": "", "model_id": "m", "tp_size": 1, "rank": 0}
     args.update(kwargs)
     with pytest.raises(ValueError, match=message):
-        KeyScheme(**args)  # type: ignore[arg-type]
+        KeyScheme(**args)
 
 
 def test_bad_page_format_is_refused() -> None:

@@ -8,6 +8,8 @@ buffers, our key scheme and store. Nothing is faked.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from hicache_umbp.clients.factories import make_standalone_client
@@ -22,9 +24,10 @@ from .test_store_mori import Pool, hashes
 pytestmark = pytest.mark.mori
 
 MIB = 1 << 20
-BASE = dict(namespace="prod/llama", model_id="meta-llama/Llama-3-8B", tp_size=2, rank=1,
-            parts=MHA_PARTS, page_format=PageFormat("page_first", "bfloat16", 64))
-CHANGES = {
+BASE: dict[str, Any] = dict(
+    namespace="prod/llama", model_id="meta-llama/Llama-3-8B", tp_size=2, rank=1,
+    parts=MHA_PARTS, page_format=PageFormat("page_first", "bfloat16", 64))
+CHANGES: dict[str, dict[str, Any]] = {
     "layout": {"page_format": PageFormat("page_first_direct", "bfloat16", 64)},
     "kv_dtype": {"page_format": PageFormat("page_first", "float16", 64)},
     "fp8_variant": {"page_format": PageFormat("page_first", "uint8:fp8_e5m2", 64)},
@@ -46,19 +49,19 @@ def test_deployments_differing_in_one_key_field_never_share_a_page(
     b_client = make_standalone_client(server.socket_path, "dram", wait_s=30)
     src, dst = Pool(4, 2, 51, shm=True), Pool(4, 2, 52, shm=True)
     try:
-        a = UMBPStore(a_client.client, KeyScheme(**BASE), owns_client=False)  # type: ignore[arg-type]
+        a = UMBPStore(a_client.client, KeyScheme(**BASE), owns_client=False)
         assert a.register_buffer(src.ptr, src.nbytes) and a.register_buffer(dst.ptr, dst.nbytes)
         hs = hashes(4, "shared")
         assert a.batch_set(hs, src.ptrs(range(4))) == [True] * 4
         for field, change in CHANGES.items():
-            b = UMBPStore(b_client.client, KeyScheme(**{**BASE, **change}), owns_client=False)  # type: ignore[arg-type]
+            b = UMBPStore(b_client.client, KeyScheme(**{**BASE, **change}), owns_client=False)
             assert b.register_buffer(dst.ptr, dst.nbytes)
             assert b.batch_exists(hs) == 0, f"{field}: B sees A's pages"
             dst.zero()
             assert b.batch_get(hs, dst.ptrs(range(4))) == [False] * 4, field
             assert not dst.view.any(), f"{field}: bytes of A reached B's buffer"
             b.close()
-        twin = UMBPStore(b_client.client, KeyScheme(**BASE), owns_client=False)  # type: ignore[arg-type]
+        twin = UMBPStore(b_client.client, KeyScheme(**BASE), owns_client=False)
         assert twin.register_buffer(dst.ptr, dst.nbytes)
         assert twin.batch_exists(hs) == 4  # the same deployment elsewhere does read them
         assert twin.batch_get(hs, dst.ptrs(range(4))) == [True] * 4

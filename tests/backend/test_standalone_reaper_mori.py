@@ -55,7 +55,7 @@ def run_engine(servers: list[tuple[str, str]], clean: bool = False) -> None:
                    capture_output=True, check=False)
 
 
-def wait_free(reservation, want: int) -> int:  # type: ignore[no-untyped-def]
+def wait_free(reservation, want: int) -> int:
     for _ in range(50):
         if reservation.free() >= want:
             break

@@ -169,7 +169,7 @@ def test_faults_become_false_pages_and_one_log_line(
     store, client = make(MHA_PARTS, log_interval_s=3600.0)
     src = Pages(6, 2)
     hs = hashes(6)
-    client.inject("batch_put_from_ptr", fault, times=5)  # type: ignore[arg-type]
+    client.inject("batch_put_from_ptr", fault, times=5)
     with caplog.at_level(logging.WARNING, logger="hicache_umbp.store.store"):
         results = [store.batch_set(hs, src.ptrs()) for _ in range(5)]
     for r in results:
@@ -190,10 +190,10 @@ def test_get_and_exists_faults_never_raise(fault: str) -> None:
     src = Pages(4, 2)
     hs = hashes(4)
     assert store.batch_set(hs, src.ptrs()) == [True] * 4
-    client.inject("batch_get_into_ptr", fault)  # type: ignore[arg-type]
+    client.inject("batch_get_into_ptr", fault)
     got = store.batch_get(hs, src.ptrs())
     assert len(got) == 4 and not all(got)
-    client.inject("batch_exists_consecutive", fault)  # type: ignore[arg-type]
+    client.inject("batch_exists_consecutive", fault)
     assert store.batch_exists(hs) == 0
 
 
@@ -203,12 +203,12 @@ class _Weird:
     def __init__(self, result: object) -> None:
         self.result = result
 
-    def batch_put_from_ptr(self, keys, ptrs, sizes):  # type: ignore[no-untyped-def]
+    def batch_put_from_ptr(self, keys, ptrs, sizes):
         return self.result
 
     batch_get_into_ptr = batch_put_from_ptr
 
-    def batch_exists_consecutive(self, keys):  # type: ignore[no-untyped-def]
+    def batch_exists_consecutive(self, keys):
         return self.result
 
 
@@ -240,7 +240,7 @@ def test_never_raises_never_none_under_any_fault_sequence(
 ) -> None:
     store, client = make(MHA_PARTS, max_batch_pages=chunk)
     for method, fault in faults:
-        client.inject(method, fault)  # type: ignore[arg-type]
+        client.inject(method, fault)
     src = Pages(max(n, 1), 2)
     hs = hashes(n)
     for _ in range(2):
@@ -276,7 +276,7 @@ def test_sibling_shares_client_and_batching_but_not_ownership() -> None:
     assert client.calls["batch_put_from_ptr"] == 3
     assert store.batch_exists(hashes(7)) == 0  # different keys: no collision
     closed: list[int] = []
-    client.close = lambda: closed.append(1)  # type: ignore[attr-defined]
+    client.close = lambda: closed.append(1)
     other.close()
     assert closed == []
     store.close()
@@ -400,7 +400,7 @@ def test_siblings_register_each_buffer_once_and_never_close_the_shared_client() 
         assert s.register_buffer(src.base, 4 * PAGE)
     assert client.calls["register_memory"] == 1
     closed: list[int] = []
-    client.close = lambda: closed.append(1)  # type: ignore[attr-defined]
+    client.close = lambda: closed.append(1)
     for s in siblings:
         s.close()
     assert client.calls["deregister_memory"] == 0 and closed == []

@@ -23,6 +23,7 @@ from hicache_umbp.clients.factories import (
     make_standalone_client,
 )
 from hicache_umbp.contract.load import load_store_config
+from hicache_umbp.contract.media import Medium
 from hicache_umbp.contract.mori_env import standalone_server_env
 from hicache_umbp.contract.page_limits import MHA_PARTS, MLA_PARTS
 from hicache_umbp.store.keys import KeyScheme, PageFormat
@@ -78,7 +79,7 @@ def hashes(n: int, tag: str) -> list[str]:
 
 @pytest.fixture(params=[MHA_PARTS, MLA_PARTS], ids=["mha", "mla"])
 def parts(request: pytest.FixtureRequest) -> tuple[str, ...]:
-    return request.param  # type: ignore[no-any-return]
+    return request.param
 
 
 @pytest.fixture
@@ -196,9 +197,10 @@ def test_standalone_dram_and_ssd_servers(
     ssd_env = standalone_server_env(
         "ssd", capacity_bytes=256 * MIB, ssd_dir=str(tmp_path / "ssd"), value_bytes=PART
     )
-    for medium, env in (("dram", dram_env), ("ssd", ssd_env)):
+    media: tuple[tuple[Medium, dict[str, str]], ...] = (("dram", dram_env), ("ssd", ssd_env))
+    for medium, env in media:
         server = standalone_servers.start(medium, env)
-        opened = make_standalone_client(server.socket_path, medium, wait_s=30)  # type: ignore[arg-type]
+        opened = make_standalone_client(server.socket_path, medium, wait_s=30)
         store = UMBPStore(
             opened.client,
             scheme(MHA_PARTS),

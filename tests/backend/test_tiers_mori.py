@@ -10,7 +10,9 @@ random page bytes. Nothing is faked.
 from __future__ import annotations
 
 import glob
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -41,6 +43,14 @@ BATCH = 4  # pages per batch_set (2 MiB)
 # More staging slots than keys per batch; the short read lease comes from the real path
 # (hicache_umbp.clients.factories.SSD_READ_LEASE_MS, standalone_server_env).
 SSD_SLOTS = 64
+
+
+def close_both(*opened: Any) -> Callable[[], None]:
+    """The tiered client's close hook: close each opened client, DRAM first."""
+    def close() -> None:
+        for o in opened:
+            o.close()
+    return close
 
 
 def serve_larger_than_dram(store: UMBPStore, tiers: TieredClient, tag: str) -> None:
@@ -82,7 +92,7 @@ def test_embedded_dram_in_front_of_an_ssd_node(tmp_path: Path, policy: str) -> N
         write_policy=policy,
         queue_bytes=16 * PART,
         ssd_max_batch_keys=16,
-        on_close=lambda: (dram.close(), ssd.close()),
+        on_close=close_both(dram, ssd),
     )
     store = UMBPStore(tiers, KeyScheme("t", "m", 1, 0, MHA_PARTS))
     serve_larger_than_dram(store, tiers, f"emb-{policy}")
@@ -109,7 +119,7 @@ def test_two_standalone_servers(standalone_servers: StandaloneServers, tmp_path:
         queue_bytes=16 * PART,
         ssd_max_batch_keys=16,
         staging=MoriShmStaging,
-        on_close=lambda: (dram.close(), ssd.close()),
+        on_close=close_both(dram, ssd),
     )
     store = UMBPStore(tiers, KeyScheme("t", "m", 1, 0, MHA_PARTS))
     serve_larger_than_dram(store, tiers, "standalone")

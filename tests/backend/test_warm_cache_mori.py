@@ -71,7 +71,7 @@ def engine(extra: dict[str, Any], op: str) -> dict[str, Any]:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
     assert done.returncode == 0 and lines, f"engine failed ({done.returncode}):\n{done.stderr}"
-    return json.loads(lines[-1][len("RESULT "):])  # type: ignore[no-any-return]
+    return json.loads(lines[-1][len("RESULT "):])
 
 
 def segment_bytes(root: Path) -> int:

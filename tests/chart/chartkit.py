@@ -62,8 +62,9 @@ def helm_template(values: Mapping[str, Any] | None = None, *, include_crds: bool
                   chart: Path = CHART, extra: Iterable[str] = ()) -> list[dict[str, Any]]:
     """``helm template`` with optional override values; returns the rendered objects."""
     with tempfile.TemporaryDirectory(prefix="chart-") as tmp:
-        args = [tool("helm"), "template", RELEASE, chart, "--namespace", NAMESPACE,
-                "--kube-version", KUBE_VERSION, *values_args(values, Path(tmp)), *extra]
+        args: list[str | Path] = [
+            tool("helm"), "template", RELEASE, chart, "--namespace", NAMESPACE,
+            "--kube-version", KUBE_VERSION, *values_args(values, Path(tmp)), *extra]
         if include_crds:
             args.append("--include-crds")
         out = run(args).stdout

@@ -161,7 +161,7 @@ class Cluster:
         for i, pod_name in enumerate(names):
             ip = ips[i] if ips else None
             self.emu.call(lambda s, n=pod_name, a=ip:
-                          self.emu.simulator.pod_ready(NAMESPACE, n, a))  # type: ignore[union-attr]
+                          self.emu.simulator.pod_ready(NAMESPACE, n, a))
 
     def set_pod(self, fn_name: str, pod: str, *args: Any) -> None:
         sim = self.emu.simulator

@@ -77,7 +77,8 @@ def _dupes(values: list[Any]) -> list[Any]:
     return [v for v, n in Counter(values).items() if n > 1]
 
 
-def _pod_spec(pod: Mapping[str, Any], path: str, claims: list[str]) -> Iterator[Cause]:
+def _pod_spec(pod: Mapping[str, Any], path: str, claims: list[str | None]
+              ) -> Iterator[Cause]:
     volumes = [v.get("name") for v in pod.get("volumes") or []]
     for name in _dupes(volumes + claims):
         yield f"{path}.volumes", f"Duplicate value: {name!r}"

@@ -9,6 +9,7 @@ respect to the requests being served.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import dataclasses
 import logging
 import threading
@@ -161,10 +162,10 @@ class EmulatorThread:
     def drop_watches(self) -> int:
         return self.call(lambda s: s.drop_watches())
 
-    def requests(self) -> list[RequestRecord]:
+    def requests(self) -> builtins.list[RequestRecord]:
         return self.call(lambda _: list(self.emulator.log))
 
-    def writes(self, *, exclude: tuple[str, ...] = ()) -> list[RequestRecord]:
+    def writes(self, *, exclude: tuple[str, ...] = ()) -> builtins.list[RequestRecord]:
         return self.call(lambda _: self.emulator.writes(exclude=exclude))
 
     def wait_for(self, predicate: Callable[[], T], *, timeout: float = 30.0,

@@ -220,9 +220,9 @@ class KubeEmulator(kmock.KubernetesScaffold):
     def _serve_plain(self, request: kmock.Request, rtype: ResourceType,
                      method: str) -> dict[str, Any]:
         store, ns, name, sub = self.store, request.namespace, request.name, request.subresource
-        if method == "GET" and name is None:
-            return self._list(request, rtype)
         if method == "GET":
+            if name is None:
+                return self._list(request, rtype)
             return store.get(rtype, ns, name, copy_out=False)  # only serialized
         body = request.data if isinstance(request.data, (dict, list)) else None
         if body is None and method != "DELETE":

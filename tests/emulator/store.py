@@ -9,6 +9,7 @@ is atomic, like a single etcd transaction.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import copy
 import datetime
 import itertools
@@ -443,8 +444,8 @@ class Store:
 
     # ---------------------------------------------------------------- watching
     def watch(self, rtype: ResourceType, namespace: str | None, since: str | None,
-              label_selector: str = "", field_selector: str = "") -> tuple[list[WatchEvent],
-                                                                          Watcher]:
+              label_selector: str = "", field_selector: str = ""
+              ) -> tuple[builtins.list[WatchEvent], Watcher]:
         """Events to send first (current state or history since ``since``) and a live watcher."""
         watcher = Watcher(rtype, namespace, label_selector, field_selector)
         if since in (None, "", "0"):
@@ -453,7 +454,7 @@ class Store:
                                             copy_out=False)]
         else:
             try:
-                since_rv = int(since)  # type: ignore[arg-type]
+                since_rv = int(since)
             except ValueError as exc:
                 raise ApiError(400, "BadRequest", f"invalid resourceVersion {since!r}") from exc
             if since_rv < self.compacted_rv:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import celpy
+import celpy.adapter
 import jsonschema
 
 Cause = tuple[str, str]
@@ -172,11 +173,11 @@ class SchemaValidator:
                     old_body: dict[str, Any] | None) -> Iterator[Cause]:
         old_nodes = dict(_nodes(old_body, rule.path, "")) if old_body is not None else {}
         for shown, value in _nodes(body, rule.path, ""):
-            activation = {"self": celpy.json_to_cel(value)}
+            activation = {"self": celpy.adapter.json_to_cel(value)}
             if rule.transition:
                 if shown not in old_nodes:
                     continue  # transition rules only run when the old value exists
-                activation["oldSelf"] = celpy.json_to_cel(old_nodes[shown])
+                activation["oldSelf"] = celpy.adapter.json_to_cel(old_nodes[shown])
             where = shown or "<root>"
             if rule.field_path:
                 where = f"{shown}{rule.field_path}" if shown else rule.field_path.lstrip(".")

@@ -25,7 +25,7 @@ from .test_command import REPO
 BUILTIN = "sglang-mori"
 
 
-def _plan(node: FakeNode, **env: object):  # type: ignore[no-untyped-def]
+def _plan(node: FakeNode, **env: object):
     return plan_launch(launch_env(l3_backend=BUILTIN, **env), NodeRoot(node.root),
                        io_uring_probe=io_uring_ok)
 

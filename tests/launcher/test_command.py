@@ -21,7 +21,7 @@ from .fakenode import GIB, MIB, FakeNode
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _plan(node: FakeNode, **env: object):  # type: ignore[no-untyped-def]
+def _plan(node: FakeNode, **env: object):
     return plan_launch(launch_env(**env), NodeRoot(node.root), io_uring_probe=io_uring_ok)
 
 

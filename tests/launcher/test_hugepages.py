@@ -14,7 +14,7 @@ FIX = (". Fix the request or the node, or set HICACHE_HOST_ALLOW_4K_FALLBACK=tru
        "(spec.hiCache.hostAllocator fallback) to start on 4 KiB pages.")
 
 
-def _plan(node: FakeNode, **env: object):  # type: ignore[no-untyped-def]
+def _plan(node: FakeNode, **env: object):
     return plan_launch(launch_env(**env), NodeRoot(node.root), io_uring_probe=io_uring_ok)
 
 

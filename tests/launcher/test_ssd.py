@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Any
 
 import pytest
 from hicache_umbp.launch.errors import LaunchError
@@ -22,11 +23,11 @@ from .fakenode import GIB, FakeNode
 SSD = dict(umbp_ssd_enabled=True, umbp_ssd_dir="/mnt/nvme", umbp_ssd_bytes=GIB)
 
 
-def _plan(node: FakeNode, probe=io_uring_ok, **env: object):  # type: ignore[no-untyped-def]
+def _plan(node: FakeNode, probe=io_uring_ok, **env: object):
     return plan_launch(launch_env(**{**SSD, **env}), NodeRoot(node.root), io_uring_probe=probe)
 
 
-def _error(node: FakeNode, probe=io_uring_ok, **env: object) -> LaunchError:  # type: ignore[no-untyped-def]
+def _error(node: FakeNode, probe=io_uring_ok, **env: object) -> LaunchError:
     with pytest.raises(LaunchError) as e:
         _plan(node, probe, **env)
     assert e.value.reason == "SsdUnavailable"
@@ -129,7 +130,7 @@ def test_real_io_uring_probe_answers() -> None:
 
 
 def test_standalone_mode_leaves_the_ssd_to_the_sidecar(mi355x: FakeNode) -> None:
-    plan_report = {}
+    plan_report: dict[str, Any] = {}
     with pytest.raises(LaunchError) as e:
         plan_launch(
             launch_env(umbp_mode="standalone", umbp_dram_bytes=None, umbp_ssd_enabled=True,

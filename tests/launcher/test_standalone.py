@@ -65,7 +65,7 @@ def _stale(node: FakeNode, path: str) -> None:
     s.close()
 
 
-def _store(wait_s: float = 5.0, ssd: bool = False):  # type: ignore[no-untyped-def]
+def _store(wait_s: float = 5.0, ssd: bool = False):
     return load_store_config({}, render_env({
         "umbp_mode": "standalone", "umbp_socket_dir": "/run/umbp",
         "umbp_standalone_wait_s": wait_s, "umbp_ssd_enabled": ssd}))

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import celpy
+import celpy.adapter
 import jsonschema
 import kubernetes_validate
 import pytest
@@ -85,7 +86,7 @@ def cel_failures(schema: dict[str, Any], obj: Any, path: str = "") -> list[tuple
             prog = _CEL_ENV.program(_CEL_ENV.compile(rule["rule"]))
             _PROGRAMS[rule["rule"]] = prog
         try:
-            result = prog.evaluate({"self": celpy.json_to_cel(obj)})
+            result = prog.evaluate({"self": celpy.adapter.json_to_cel(obj)})
         except celpy.evaluation.CELEvalError as err:  # a type error fails the rule
             out.append((path or "<root>", f"{rule['message']} (evaluation error: {err.args[0]})"))
             continue

@@ -65,7 +65,7 @@ def test_a_refused_object_is_resent_only_after_a_backoff_or_when_it_changes() ->
         assert apply(_want()).rejection is first.rejection
     assert kube.calls == ["create"]
     now[0] = 30.0  # backoff over: one more try, then twice as long
-    assert apply(_want()).rejection.attempts == 2  # type: ignore[union-attr]
+    assert apply(_want()).rejection.attempts == 2
     now[0] = 60.0
     apply(_want())
     assert kube.calls == ["create"] * 2

@@ -22,7 +22,7 @@ SNAPSHOTS = Path(__file__).parent / "snapshots"
 POLICY = OperatorConfig(
     policy=AdminPolicy(
         allowed_host_path_prefixes=["/mnt", "/data/models"],
-        allow_host_ipc=True,
+        allowHostIPC=True,
         allowed_capabilities=["IPC_LOCK", "SYS_NICE"],
     )
 )

@@ -105,7 +105,7 @@ def test_the_crd_schema_refuses_the_same_at_apply(case: str) -> None:
 
 
 def test_typed_pass_through_fields_reach_the_pod_as_written() -> None:
-    affinity = {
+    affinity: dict[str, Any] = {
         "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
             {"weight": 10, "preference": {"matchExpressions": [
                 {"key": "zone", "operator": "In", "values": ["a"]}]}}]},
@@ -113,7 +113,8 @@ def test_typed_pass_through_fields_reach_the_pod_as_written() -> None:
             {"topologyKey": "kubernetes.io/hostname",
              "labelSelector": {"matchLabels": {"app": "x"}}}]},
     }
-    env = [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]
+    env: list[dict[str, Any]] = [
+        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]
 
     def mutate(s: dict[str, Any]) -> None:
         s["placement"] = {"affinity": affinity, "priorityClassName": "inference-high"}

@@ -11,7 +11,7 @@ from hicache_operator.plan import SpecError, plan
 from shc_testlib import load_example
 
 
-def deepseek(**engine: object) -> dict:  # type: ignore[type-arg]
+def deepseek(**engine: object) -> dict:
     cr = copy.deepcopy(load_example("deepseek-r1-mi355x.yaml"))
     cr["spec"]["engine"].update(engine)
     return cr

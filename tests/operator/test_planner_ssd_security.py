@@ -185,7 +185,7 @@ def test_privileges_need_the_policy() -> None:
     assert _has(problems, "spec.security.capabilities[0]", "SYS_ADMIN")
     policy = AdminPolicy(
         allow_privileged=True,
-        allow_host_ipc=True,
+        allowHostIPC=True,
         allowed_capabilities=["IPC_LOCK", "CAP_SYS_ADMIN"],
     )
     p = plan(_cr("minimal-dram-only.yaml", wants), OperatorConfig(policy=policy))

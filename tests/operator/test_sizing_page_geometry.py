@@ -401,7 +401,7 @@ def test_the_planner_refuses_exactly_what_the_pods_store_refuses(
         p = plan(cr, CONFIG)
     except SpecError as err:
         planner = _page_problems(err)
-        assert reasons, f"planner refused a page the store accepts: {err.value.problems}"
+        assert reasons, f"planner refused a page the store accepts: {err.problems}"
         assert len(planner) == len(reasons)
         for reason, msg in zip(reasons, planner, strict=True):
             assert reason in msg

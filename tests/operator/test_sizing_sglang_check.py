@@ -18,7 +18,7 @@ from shc_testlib import load_example
 GIB = 1 << 30
 
 
-def cr(huge_page: str, memory: str) -> dict:  # type: ignore[type-arg]
+def cr(huge_page: str, memory: str) -> dict:
     out = copy.deepcopy(load_example("cpu/tiny-llama-embedded.yaml"))
     out["spec"]["hiCache"]["hostAllocator"]["hugePageSize"] = huge_page
     out["spec"]["resources"]["memory"] = memory

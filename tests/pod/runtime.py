@@ -17,6 +17,7 @@ engine environment; see :class:`Image`), GPUs (see :mod:`pod.node`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -366,7 +367,7 @@ class Pod:
                     raise RuntimeError(f"init container {c.name} exited {rc}:\n{c.log_text()}")
             elif c.role == "sidecar":
                 # The next container starts once this sidecar's startup probe passed.
-                self.wait(lambda c=c: self._started_or_looping(c), wait_started_s,
+                self.wait(functools.partial(self._started_or_looping, c), wait_started_s,
                           f"sidecar {c.name} started")
 
     def _supervise(self) -> None:

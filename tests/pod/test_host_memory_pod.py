@@ -21,7 +21,7 @@ pytestmark = pytest.mark.pod
 GIB = 1 << 30
 
 
-def four_k_cr(memory: str) -> dict:  # type: ignore[type-arg]
+def four_k_cr(memory: str) -> dict:
     cr = load_cr("cpu/tiny-llama-embedded.yaml")
     cr["spec"]["hiCache"]["hostAllocator"]["hugePageSize"] = "none"
     cr["spec"]["resources"]["memory"] = memory

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.pod
 PROMPT = " ".join(f"latent{i} page" for i in range(150))
 
 
-def push_out(c: Client, n: int = 12) -> list[dict]:  # type: ignore[type-arg]
+def push_out(c: Client, n: int = 12) -> list[dict]:
     """Prompts that push PROMPT out of the device pool and out of the 2x host pool."""
     return [c.generate(" ".join(f"mla{i} other{j} text" for j in range(100))) for i in range(n)]
 

@@ -15,7 +15,7 @@ from .test_serving_pod import PROMPT, assert_operator_reads, capture_metrics, fi
 pytestmark = pytest.mark.pod
 
 
-def restart_engine(pod) -> None:  # type: ignore[no-untyped-def]
+def restart_engine(pod) -> None:
     engine = pod.container("engine")
     before = engine.restarts
     engine.kill(grace_s=30, reason="Killing")
@@ -33,10 +33,11 @@ def test_standalone_l3_serves_storage_hits_after_an_engine_restart(
             c.generate(text)
         host = c.generate(PROMPT)
         assert host["meta_info"]["cached_tokens_details"]["host"] > 0, host["meta_info"]
-        sidecars = {s.name: s.proc.pid for s in pod.containers if s.role == "sidecar"}
+        sidecars = {s.name: s.proc and s.proc.pid for s in pod.containers if s.role == "sidecar"}
         restart_engine(pod)
         # the sidecars are the same processes: the L3 cache lived through the restart
-        assert {s.name: s.proc.pid for s in pod.containers if s.role == "sidecar"} == sidecars
+        assert {s.name: s.proc and s.proc.pid for s in pod.containers
+                if s.role == "sidecar"} == sidecars
         warm = c.generate(PROMPT)
         details = warm["meta_info"]["cached_tokens_details"]
         assert details["storage"] > 0 and details["device"] == details["host"] == 0, details

@@ -80,5 +80,7 @@ def test_embedded_pod_serves_with_host_hits(node, image, workdir: Path, models_d
         engine = pod.container("engine")
         from .podspec import probe
 
-        ok, msg = pod.run_probe(engine, probe(engine.spec, "livenessProbe"))
+        liveness = probe(engine.spec, "livenessProbe")
+        assert liveness is not None
+        ok, msg = pod.run_probe(engine, liveness)
         assert ok, f"the pod's own liveness probe fails on a serving engine: {msg}"

@@ -155,10 +155,10 @@ class MemoryUMBPClient:
         with self._lock:
             fault = self._take_fault("batch_put_from_ptr")
             if fault == "none" or fault == "false":
-                return self._faulty(fault, len(keys))  # type: ignore[no-any-return]
+                return self._faulty(fault, len(keys))
             result = self._put_locked(keys, ptrs, sizes)
             if fault == "partial":
-                return self._faulty(fault, len(keys), result)  # type: ignore[no-any-return]
+                return self._faulty(fault, len(keys), result)
             return result
 
     def _put_locked(
@@ -204,7 +204,7 @@ class MemoryUMBPClient:
         with self._lock:
             fault = self._take_fault("batch_get_into_ptr")
             if fault == "none" or fault == "false":
-                return self._faulty(fault, len(keys))  # type: ignore[no-any-return]
+                return self._faulty(fault, len(keys))
             n = len(keys)
             out = [False] * n
             if len(ptrs) == n and len(sizes) == n:
@@ -220,7 +220,7 @@ class MemoryUMBPClient:
                     self._data.move_to_end(key)
                     out[i] = True
             if fault == "partial":
-                return self._faulty(fault, n, out)  # type: ignore[no-any-return]
+                return self._faulty(fault, n, out)
             return out
 
     def batch_exists(self, keys: Sequence[str]) -> list[bool]:
@@ -228,7 +228,7 @@ class MemoryUMBPClient:
             fault = self._take_fault("batch_exists")
             out = [k in self._data for k in keys]
             if fault is not None:
-                return self._faulty(fault, len(keys), out)  # type: ignore[no-any-return]
+                return self._faulty(fault, len(keys), out)
             return out
 
     def batch_exists_consecutive(self, keys: Sequence[str]) -> int:

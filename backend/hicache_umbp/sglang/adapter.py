@@ -148,7 +148,7 @@ class UMBPHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # sglang is unt
             log.info("UMBPHiCacheStorage: per-batch get_page_buffer_meta (no linear plan)")
         from . import hook
 
-        hook.check_pool_allocator(mem_pool_host, self.config)
+        hook.check_pool_allocator(mem_pool_host)
         # The real page part size sizes the SSD staging slots and the write-back ring, and the
         # pool's format is part of every key; sizes no tier can hold fail here, once.
         self.value_bytes = max(self._part_sizes(mem_pool_host))

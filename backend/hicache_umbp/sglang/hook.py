@@ -43,7 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..contract.names import ADAPTER_MODULE
-from ..contract.settings import BY_KEY, StoreConfig
+from ..contract.settings import BY_KEY
 from ..contract.versions import SGLANG_VERSION
 from .host_allocator import UMBPHostTensorAllocator, hugepage_problems, local_rank_from_runtime
 
@@ -241,7 +241,7 @@ def _server_extra_config() -> dict[str, Any] | None:
     return dict(extra)
 
 
-def check_pool_allocator(pool: Any, config: StoreConfig) -> None:
+def check_pool_allocator(pool: Any) -> None:
     """Called by the adapter once SGLang registers the host pool with it."""
     allocator = getattr(pool, "allocator", None)
     ours = isinstance(allocator, UMBPHostTensorAllocator)

@@ -148,7 +148,7 @@ def transfer_kv_all_layer(*, src_k_layers: torch.Tensor, dst_k_layers: torch.Ten
                                   num_layers=num_layers)
 
 
-def _page_head_unsupported(name: str):  # type: ignore[no-untyped-def]
+def _page_head_unsupported(name: str):
     def op(**_: object) -> None:
         raise NotImplementedError(f"{name}: page_head transfers have no CPU version in tests")
 

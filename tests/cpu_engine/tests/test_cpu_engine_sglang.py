@@ -28,7 +28,7 @@ def cpu_plugin() -> None:
     plugin.plugin()
 
 
-def device_pool(kind: str):  # type: ignore[no-untyped-def]
+def device_pool(kind: str):
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
 
     if kind == "mla":
@@ -48,7 +48,7 @@ def device_pool(kind: str):  # type: ignore[no-untyped-def]
     return pool, buffers
 
 
-def host_pool(dev, layout: str):  # type: ignore[no-untyped-def]
+def host_pool(dev, layout: str):
     from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
     from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
     from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
