@@ -29,6 +29,9 @@ K8S_VERSION = "1.33"
 
 
 Mutation = Callable[[dict[str, Any]], Any]
+GI = 1024**3
+#: The operator configuration with every default (chart values unset).
+CONFIG = OperatorConfig()
 
 
 def load_example(name: str) -> dict[str, Any]:

@@ -1,31 +1,19 @@
-"""The planner's rules for the engine env, SGLang arguments and spec checks, one test per rule,
-expected numbers worked out by hand.
-
-Everything is real: the planner, the backend's env contract and launcher command renderer it
-calls, the operator config models. No fakes.
-"""
+"""What the planner renders into the engine's env and SGLang arguments, and which spec fields
+it refuses; real: the planner, the env contract, the launcher's command renderer."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from hicache_operator.api.config import OperatorConfig
 from hicache_operator.plan import plan
 from hicache_umbp.contract.load import load_launch_config
-from shc_testlib import (
-    configmap_env,
-    engine_container,
-    example_cr,
-    has_problem,
-    plan_problems,
-)
-
-GI = 1024**3
-CONFIG = OperatorConfig()
-_cr, _problems, _has = example_cr, plan_problems, has_problem
-_engine, _configmap_env = engine_container, configmap_env
-
+from shc_testlib import CONFIG, GI
+from shc_testlib import configmap_env as _configmap_env
+from shc_testlib import engine_container as _engine
+from shc_testlib import example_cr as _cr
+from shc_testlib import has_problem as _has
+from shc_testlib import plan_problems as _problems
 
 # ----------------------------------------------------------------------------- env and args
 

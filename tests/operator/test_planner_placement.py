@@ -1,30 +1,17 @@
-"""The planner's rules for placement and NUMA, one test per rule,
-expected numbers worked out by hand.
-
-Everything is real: the planner, the backend's env contract and launcher command renderer it
-calls, the operator config models. No fakes.
-"""
+"""Where the planner puts the pod: AMD GPU labels and taints, user affinity, and the NUMA
+node of every rank (real planner and node facts models)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from hicache_operator.api.config import NodeFacts, OperatorConfig
+from hicache_operator.api.config import NodeFacts
 from hicache_operator.plan import plan
-from shc_testlib import (
-    configmap_env,
-    engine_container,
-    example_cr,
-    has_problem,
-    plan_problems,
-    pod_spec,
-)
-
-GI = 1024**3
-CONFIG = OperatorConfig()
-_cr, _problems, _has = example_cr, plan_problems, has_problem
-_engine, _configmap_env = engine_container, configmap_env
-
+from shc_testlib import CONFIG, pod_spec
+from shc_testlib import engine_container as _engine
+from shc_testlib import example_cr as _cr
+from shc_testlib import has_problem as _has
+from shc_testlib import plan_problems as _problems
 
 # ----------------------------------------------------------------------------- placement
 

@@ -1,9 +1,5 @@
-"""The planner's rules for the SSD tier and security, one test per rule,
-expected numbers worked out by hand.
-
-Everything is real: the planner, the backend's env contract and launcher command renderer it
-calls, the operator config models. No fakes.
-"""
+"""The SSD volume the planner plans (PVC, emptyDir, admin-allowed hostPath) and the security
+contexts it grants only with the admin policy (real planner and policy models)."""
 
 from __future__ import annotations
 
@@ -12,21 +8,11 @@ from typing import Any
 import pytest
 from hicache_operator.api.config import AdminPolicy, OperatorConfig
 from hicache_operator.plan import plan
-from shc_testlib import (
-    all_containers,
-    configmap_env,
-    engine_container,
-    example_cr,
-    has_problem,
-    plan_problems,
-    pod_spec,
-)
-
-GI = 1024**3
-CONFIG = OperatorConfig()
-_cr, _problems, _has = example_cr, plan_problems, has_problem
-_engine, _configmap_env = engine_container, configmap_env
-
+from shc_testlib import CONFIG, all_containers, pod_spec
+from shc_testlib import engine_container as _engine
+from shc_testlib import example_cr as _cr
+from shc_testlib import has_problem as _has
+from shc_testlib import plan_problems as _problems
 
 # ----------------------------------------------------------------------------- SSD
 
