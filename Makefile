@@ -27,6 +27,7 @@ demo: venv
 lint: venv
 	$(VENV)/bin/ruff check backend operator tests bench scripts
 	$(VENV)/bin/mypy backend/hicache_umbp operator/hicache_operator
+	$(VENV)/bin/mypy tests
 	$(VENV)/bin/lint-imports
 
 test: lint test-unit test-mori test-sglang test-pod test-e2e test-chart

@@ -267,7 +267,8 @@ def test_ssd_read_lease_is_short_on_the_real_path(tmp_path: Path) -> None:
     assert env[SSD_READ_LEASE_ENV] == str(SSD_READ_LEASE_MS)
     code = (
         "import os, sys\n"
-        "from hicache_umbp.clients.factories import make_embedded_ssd_client, SSD_READ_LEASE_ENV\n"
+        "from hicache_umbp.clients.factories import make_embedded_ssd_client\n"
+        "from hicache_umbp.contract.mori_env import SSD_READ_LEASE_ENV\n"
         "os.environ.pop(SSD_READ_LEASE_ENV, None)\n"
         f"c = make_embedded_ssd_client({str(tmp_path / 'e')!r}, 256 << 20)\n"
         "print(os.environ[SSD_READ_LEASE_ENV]); c.close()\n"

@@ -32,9 +32,11 @@ ENGINE = r"""
 import ctypes, json, sys
 import numpy as np
 from hicache_umbp.build import build_store
-from hicache_umbp.contract.settings import load_store_config
-from hicache_umbp.store.keys import MHA_PARTS, KeyScheme
-from hicache_umbp.store.tiers import MoriShmStaging, TieredClient
+from hicache_umbp.clients.buffers import MoriShmStaging
+from hicache_umbp.contract.load import load_store_config
+from hicache_umbp.contract.page_limits import MHA_PARTS
+from hicache_umbp.store.keys import KeyScheme
+from hicache_umbp.store.tiers import TieredClient
 
 extra, op, pages, part = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 store = build_store(load_store_config(extra, env={}).rank(0),

@@ -1,18 +1,18 @@
 """Status that tells the truth: pods that exist, and the cache read from SGLang's own metrics.
 
 Real: the operator (KopfRunner), the emulator, HTTP between the operator and the pods' metrics
-endpoints (aiohttp servers on loopback addresses standing in for pod IPs), prometheus_client's
-exposition of SGLang 0.5.23's metric definitions. Faked: the pages are the PROVISIONAL fixtures
-of tests/fixtures/sglang-metrics (made-up counts) until real captures of the pod tier replace
-them; the emulated kubelet gives pods those loopback IPs.
+endpoints (aiohttp servers on loopback addresses standing in for pod IPs), and the pages they
+serve: real ``/metrics`` pages of SGLang 0.5.23 serving generated CPU pods, captured by the pod
+tier (tests/support/sglang_pages.py). Faked: the emulated kubelet gives pods those loopback IPs,
+and a pod's page is swapped for another real one to stand for time passing.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
+import support.sglang_pages as P
 from e2e_lib import (
     EXAMPLES,
     NAMESPACE,
@@ -23,13 +23,26 @@ from e2e_lib import (
     selector,
 )
 from hicache_operator.api.crd import PRINTER_COLUMNS
+from hicache_operator.cachestats.sglang_metrics import aggregate, increase, parse_pod
 
 pytestmark = pytest.mark.e2e
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sglang-metrics"
-T0 = (FIXTURES / "provisional-0.5.23-tp2-umbp-t0.txt").read_text()
-T1 = (FIXTURES / "provisional-0.5.23-tp2-umbp-t1.txt").read_text()
-FAILING = (FIXTURES / "provisional-0.5.23-tp2-umbp-l3-failing.txt").read_text()
+T0, T1 = P.page(P.EMBEDDED_T0), P.page(P.EMBEDDED_T1)
+FAILING = P.page(P.BUILTIN_SIDECAR_RESTARTED)
+
+
+def _expected_window() -> tuple[dict[str, float], float, str | None]:
+    """status.cache of two pods that both served T0, then T1: the window between the two real
+    pages, from SGLang's own answers to the requests in between (ratios); the host pool's use
+    as the first scrape (T0) wrote it, because T1's moved by less than minRatioChange (0.02),
+    which rewrites nothing."""
+    between = P.told(P.EMBEDDED_T1)[len(P.told(P.EMBEDDED_T0)):]
+    ratios = P.told_ratios(between)
+    hit = {"total": round(sum(ratios.values()), 3), **{t: round(r, 3) for t, r in ratios.items()}}
+    used = [aggregate([parse_pod(page)]).host_used_ratio for page in (T0, T1)]
+    assert used[0] is not None and used[1] is not None and abs(used[1] - used[0]) < 0.02
+    figures = aggregate([increase(parse_pod(T1), parse_pod(T0))] * 2)
+    return hit, round(used[0], 3), figures.l3_writes
 
 
 def _cr(name: str, replicas: int, port: int = 30000) -> dict[str, Any]:
@@ -87,19 +100,19 @@ def test_cache_status_is_read_from_each_ready_pods_sglang_metrics(
         assert cache["tiers"] == [{"tier": "Host", "capacityBytes": 32 * 2**30},
                                   {"tier": "L3-DRAM", "capacityBytes": 64 * 2**30}]
         assert "hitRatio" not in cache
-        # Traffic: every counter doubles on both pods.
+        # Traffic: both pods serve the same server's later page.
         sglang.serve(T1)
         cache = cluster.wait(lambda: (lambda c: c if "hitRatio" in c else {})(
             _cache(cluster, "cached")), "hit ratios")
-        assert cache["hitRatio"] == {"total": 0.55, "device": 0.3, "host": 0.15,
-                                     "storage": 0.1}
-        assert (cache["hostUsedRatio"], cache["l3Writes"]) == (0.562, "Ok")
+        hit, host_used, l3_writes = _expected_window()
+        assert cache["hitRatio"] == hit
+        assert (cache["hostUsedRatio"], cache.get("l3Writes")) == (host_used, l3_writes)
         assert cache["windowSeconds"] == 300 and "message" not in cache
         body = cluster.cr("cached") or {}
         columns = {c["name"]: _column(body, c["jsonPath"]) for c in PRINTER_COLUMNS
                    if "cache" in c["jsonPath"]}
-        assert columns == {"Hit": 0.55, "Host-Hit": 0.15, "L3-Hit": 0.1, "Device-Hit": 0.3,
-                           "L3-Writes": "Ok"}
+        assert columns == {"Hit": hit["total"], "Host-Hit": hit["host"], "L3-Hit": hit["storage"],
+                           "Device-Hit": hit["device"], "L3-Writes": l3_writes}
         # Unchanged figures: resyncs scrape (bounded: one request per pod) and write nothing.
         cluster.wait_settled(RESYNC_S)
         before = len(sglang.requests)
@@ -107,13 +120,14 @@ def test_cache_status_is_read_from_each_ready_pods_sglang_metrics(
         scraped = len(sglang.requests) - before
         assert 2 <= scraped <= 2 * 5, scraped  # ~2 per resync of ~1 s, never a flood
 
-        # One pod's L3 stops taking writes: l3Writes Failing, one Event, and back.
-        sglang.serve(FAILING, sglang.ips[0])
+        # The L3 stops taking writes (both pods serve the page of a real server whose every
+        # L3 write failed): l3Writes Failing, one Event, and back.
+        sglang.serve(FAILING)
         cluster.wait(lambda: _cache(cluster, "cached").get("l3Writes") == "Failing",
                      "l3Writes Failing")
         cluster.wait(lambda: [e for e in cluster.events("cached")
                               if e["reason"] == "StorageWritesFailing"], "the Event")
-        sglang.serve(T1, sglang.ips[0])
+        sglang.serve(T1)
         cluster.wait(lambda: _cache(cluster, "cached").get("l3Writes") == "Ok", "l3Writes Ok")
         cluster.wait(lambda: [e for e in cluster.events("cached")
                               if e["reason"] == "StorageWritesRecovered"], "recovery Event")

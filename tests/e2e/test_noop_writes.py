@@ -8,22 +8,20 @@ the lag reproduced.
 
 Real: the operator (KopfRunner), the emulator; the request log records every write with the
 key paths of its body. Faked: the lag (the emulator holds every SGLangHiCache watch event back
-by 6 s), and the metrics pages (provisional fixtures).
+by 6 s). The metrics pages are real pages of SGLang 0.5.23 captured by the pod tier.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
+import support.sglang_pages as P
 from e2e_lib import EXAMPLES, RESYNC_S, Cluster, FakeSGLangMetrics, example
 from emulator import Fault
 
 pytestmark = pytest.mark.e2e
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "sglang-metrics" / \
-    "provisional-0.5.23-tp2-umbp-t0.txt"
 FINALIZER_KEYS = {"test /metadata/resourceVersion", "add /metadata/finalizers",
                   "add /metadata/finalizers/-", "metadata.finalizers"}
 
@@ -78,7 +76,7 @@ def test_a_lagging_event_stream_causes_no_extra_writes(cluster: Cluster, operato
 def test_noop_resync_with_cache_scraping_writes_nothing(cluster: Cluster, operator: Any) -> None:
     """Ready pods, their SGLang metrics scraped on every resync, nothing changing: 0 writes."""
     with FakeSGLangMetrics(pods=2) as sglang:
-        sglang.serve(FIXTURE.read_text())
+        sglang.serve(P.page(P.EMBEDDED_T0))
         cr = example(next(p for p in EXAMPLES if "minimal" in p.stem), "scraped")
         cr["spec"]["replicas"] = 2
         cr["spec"]["engine"] = {"port": sglang.port}

@@ -1,8 +1,9 @@
 """SGLang cache metrics: parsing, per-pod reduction, windows, the status block, the HTTP scrape.
 
-Real: the provisional fixtures in tests/fixtures/sglang-metrics/ are prometheus_client's own
-multiprocess exposition of SGLang 0.5.23's metric definitions (see make_provisional.py; the
-counts are made up), an aiohttp server on loopback for the scrape. Nothing else is faked.
+Real: every page is a real ``/metrics`` page of SGLang 0.5.23 serving a generated CPU pod,
+captured by the pod tier with what SGLang told each request it counts
+(``tests/support/sglang_pages.py``): each figure parsed from a page is checked against those
+answers. An aiohttp server on loopback for the scrape. Nothing is faked.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+import support.sglang_pages as P
 from aiohttp import web
 from hicache_operator.cachestats.observer import CacheObservation
 from hicache_operator.cachestats.scrape import (
@@ -23,6 +24,10 @@ from hicache_operator.cachestats.scrape import (
     scrape_cache_figures,
 )
 from hicache_operator.cachestats.sglang_metrics import (
+    L2_BACKUP,
+    L3_BACKUP,
+    MIN_BACKUP_TOKENS,
+    PREFETCH_HIT,
     MetricsFormatError,
     aggregate,
     figures_from_pages,
@@ -34,46 +39,72 @@ from hicache_operator.cachestats.status_block import cache_block
 
 pytestmark = pytest.mark.unit
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sglang-metrics"
-T0 = (FIXTURES / "provisional-0.5.23-tp2-umbp-t0.txt").read_text()
-T1 = (FIXTURES / "provisional-0.5.23-tp2-umbp-t1.txt").read_text()
-FAILING = (FIXTURES / "provisional-0.5.23-tp2-umbp-l3-failing.txt").read_text()
+T0, T1 = P.page(P.EMBEDDED_T0), P.page(P.EMBEDDED_T1)
+FAILING = P.page(P.BUILTIN_SIDECAR_RESTARTED)
 
 
-def test_fixture_page_reduces_to_per_tier_figures() -> None:
-    pod = parse_pod(T0)
-    assert pod.prompt_tokens == 20000  # streaming and not, summed
-    assert dict(pod.cached_tokens) == {"device": 6000, "host": 3000, "storage": 2000}
-    # Two TP ranks report the same logical tokens: max, not sum.
-    assert pod.l3_backup_tokens == 12288 and pod.l2_backup_tokens == 12288
-    assert pod.prefetch_hit_tokens == 2048
-    assert (pod.host_used_tokens, pod.host_total_tokens) == (24576, 65536)
-    figures = aggregate([pod])
-    assert figures.hit_ratio() == pytest.approx(0.55)
-    assert [figures.hit_ratio(t) for t in ("device", "host", "storage")] == pytest.approx(
-        [0.3, 0.15, 0.1])
-    assert figures.host_used_ratio == pytest.approx(0.375)
-    assert figures.l3_writes == "Ok"
+def _prompt(requests: list[dict[str, object]]) -> int:
+    return sum(int(str(r["prompt_tokens"])) for r in requests)
+
+
+@pytest.mark.parametrize("name", P.ALL)
+def test_a_real_page_reduces_to_what_sglang_told_each_request(name: str) -> None:
+    requests = P.told(name)
+    figures = figures_from_pages([P.page(name)])
+    assert figures.prompt_tokens == _prompt(requests)
+    for tier, want in P.told_ratios(requests).items():
+        assert figures.hit_ratio(tier) == pytest.approx(want, abs=1e-9), tier
+    assert figures.host_used_ratio is not None and 0 <= figures.host_used_ratio <= 1
 
 
 def test_window_is_the_increase_between_two_scrapes_and_survives_restarts() -> None:
+    """T0 and T1 are one server, T1 later; the window counts the requests in between."""
+    first, later = P.told(P.EMBEDDED_T0), P.told(P.EMBEDDED_T1)
+    assert later[: len(first)] == first
+    between = later[len(first):]
     window = increase(parse_pod(T1), parse_pod(T0))
-    assert window.prompt_tokens == 20000 and window.cached_tokens["host"] == 3000
+    assert window.prompt_tokens == _prompt(between)
+    figures = aggregate([window])
+    for tier, want in P.told_ratios(between).items():
+        assert figures.hit_ratio(tier) == pytest.approx(want, abs=1e-9), tier
     assert window.host_used_tokens == parse_pod(T1).host_used_tokens  # gauges: latest
     restarted = increase(parse_pod(T0), parse_pod(T1))  # counters went down: a restart
     assert restarted == parse_pod(T0)
 
 
+def test_ranks_that_count_the_same_tokens_are_reduced_with_the_maximum() -> None:
+    """Both TP ranks of the MLA pod report the same device -> host backups and the same L3
+    prefetch hits (one logical stream of tokens), while only the storage writer (rank 0)
+    reports L3 backups: the pod's figures are the maximum over the ranks, not the sum (a sum
+    would count the host backups twice and halve the share that reached L3)."""
+    text = P.page(P.MLA_TP2)
+    samples = parse_samples(text)
+    pod = parse_pod(text)
+    for family, figure in ((L2_BACKUP, pod.l2_backup_tokens),
+                           (PREFETCH_HIT, pod.prefetch_hit_tokens)):
+        per_rank = {s.labels["tp_rank"]: s.value for s in samples if s.name == family}
+        assert sorted(per_rank) == ["0", "1"], family
+        assert figure == max(per_rank.values()) < sum(per_rank.values()), family
+    writers = {s.labels["tp_rank"] for s in samples if s.name == L3_BACKUP}
+    assert writers == {"0"}
+    assert aggregate([pod]).l3_writes == "Ok"
+
+
 def test_failing_l3_writes_are_detected() -> None:
+    """The built-in backend's pod after its sidecar restarted: host backups, no L3 backup."""
     figures = aggregate([parse_pod(FAILING)])
-    assert figures.l3_backup_tokens == 0 and figures.l2_backup_tokens == 3 * 12288
+    assert figures.l3_backup_tokens == 0
+    assert (figures.l2_backup_tokens or 0) >= MIN_BACKUP_TOKENS
     assert figures.l3_writes == "Failing"
+    assert figures_from_pages([T1]).l3_writes == "Ok"
 
 
 def test_pods_are_summed_and_idle_windows_have_no_ratio() -> None:
-    figures = figures_from_pages([T0, T1])
-    assert figures.pods == 2 and figures.prompt_tokens == 60000
-    idle = aggregate([increase(parse_pod(T0), parse_pod(T0))])
+    figures = figures_from_pages([T1, P.page(P.STANDALONE_RESTARTED)])
+    assert figures.pods == 2
+    assert figures.prompt_tokens == _prompt(P.told(P.EMBEDDED_T1)) + _prompt(
+        P.told(P.STANDALONE_RESTARTED))
+    idle = aggregate([increase(parse_pod(T1), parse_pod(T1))])
     assert idle.hit_ratio() is None and idle.l3_writes == "Idle"
 
 
@@ -123,13 +154,19 @@ TIERS = [{"tier": "Host", "capacityBytes": 2**30}]
 def test_status_block_changes_only_when_a_figure_moves_enough() -> None:
     first = cache_block(TIERS, _observation((T0, T1)), None, 0.02)
     assert first is not None
-    assert first["hitRatio"] == {"total": 0.55, "device": 0.3, "host": 0.15, "storage": 0.1}
-    assert (first["hostUsedRatio"], first["l3Writes"], first["pods"]) == (0.562, "Ok", 1)
+    between = P.told(P.EMBEDDED_T1)[len(P.told(P.EMBEDDED_T0)):]
+    ratios = {t: round(r, 3) for t, r in P.told_ratios(between).items()}
+    assert first["hitRatio"] == {"total": round(sum(P.told_ratios(between).values()), 3),
+                                 **ratios}
+    t1 = parse_pod(T1)
+    assert t1.host_used_tokens is not None and t1.host_total_tokens
+    assert first["hostUsedRatio"] == round(t1.host_used_tokens / t1.host_total_tokens, 3)
+    assert first["pods"] == 1
     # A tiny move keeps the old figures verbatim (no status write) ...
-    nudged = {**first, "hitRatio": {**first["hitRatio"], "host": 0.16}}
+    nudged = {**first, "hitRatio": {**first["hitRatio"], "host": first["hitRatio"]["host"] + 0.01}}
     assert cache_block(TIERS, _observation((T0, T1)), nudged, 0.02) == nudged
     # ... a large one replaces them.
-    moved = {**first, "hitRatio": {**first["hitRatio"], "host": 0.40}}
+    moved = {**first, "hitRatio": {**first["hitRatio"], "host": first["hitRatio"]["host"] + 0.2}}
     assert cache_block(TIERS, _observation((T0, T1)), moved, 0.02) == first
     # Between scrapes and in idle windows the figures stay; with no ready pod they go.
     assert cache_block(TIERS, None, first, 0.02) == first
@@ -177,8 +214,10 @@ def metrics_server() -> Iterator[dict[str, object]]:
 def test_scrape_cache_figures_reads_real_http(metrics_server: dict[str, object]) -> None:
     base = str(metrics_server["url"])
     figures = scrape_cache_figures(base)
-    assert figures.hit_ratio("host") == pytest.approx(0.15)
-    assert scrape_cache_figures([base, metrics_url(base)]).prompt_tokens == 40000
+    want = P.told_ratios(P.told(P.EMBEDDED_T0))["device"]
+    assert figures.hit_ratio("device") == pytest.approx(want)
+    assert scrape_cache_figures([base, metrics_url(base)]).prompt_tokens == 2 * _prompt(
+        P.told(P.EMBEDDED_T0))
     metrics_server["status"] = 503
     with pytest.raises(ScrapeError, match="HTTP 503"):
         scrape_cache_figures(base)
@@ -199,21 +238,3 @@ def test_scrape_refuses_oversized_pages_and_dead_ports(metrics_server: dict[str,
     with pytest.raises(ScrapeError):
         scrape_cache_figures("http://127.0.0.1:9", timeout_s=1.0)
     assert pod_url("fd00::1", 30000) == "http://[fd00::1]:30000/metrics"
-
-
-def test_real_pages_captured_from_the_pod_tier_reduce_to_what_the_clients_were_told() -> None:
-    """Real: /metrics pages of SGLang 0.5.23 serving the CPU example pods with our backend
-    (captured by tests/pod with HICACHE_CAPTURE_METRICS_DIR). The embedded pod served a cold
-    prompt of 1681 tokens, the same prompt from the device (1680 cached), four 2144-token fillers
-    and the prompt again from the host pool (1680); the standalone pod, restarted, served it
-    once from L3 (1680 of 1681)."""
-    embedded = parse_pod((FIXTURES / "real-0.5.23-tp1-umbp-embedded.txt").read_text())
-    figures = aggregate([embedded])
-    assert figures.hit_ratio("device") == pytest.approx(1680 / 12259)
-    assert figures.hit_ratio("host") == pytest.approx(1680 / 12259)
-    assert figures.hit_ratio("storage") == 0
-    assert figures.l3_writes == "Ok"  # every page backed up to the host reached L3 (7104)
-    restarted = figures_from_pages(
-        [(FIXTURES / "real-0.5.23-tp1-umbp-standalone-after-restart.txt").read_text()])
-    assert restarted.hit_ratio("storage") == pytest.approx(1680 / 1681)
-    assert restarted.hit_ratio("device") == restarted.hit_ratio("host") == 0

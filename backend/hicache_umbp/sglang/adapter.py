@@ -93,6 +93,7 @@ class UMBPHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # sglang is unt
                                               interface_v1=self.interface_v1)
         self.is_mla, self.is_writer = self.keying.is_mla, self.keying.is_writer
         self.split_factor, self.model_id = self.keying.split_factor, self.keying.model_id
+        self.backend_tag = self.keying.backend_tag
         # Opened by register_mem_pool_host: the page part size and format come from the pool.
         self.stores: list[UMBPStore] = []
         self.page_format: PageFormat | None = None
