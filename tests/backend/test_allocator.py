@@ -110,7 +110,7 @@ def test_view_roundtrips_and_keeps_the_buffer_alive(mmap_alloc) -> None:
     gc.collect()
     alive = watch()
     assert alive is not None and not alive.freed, "a live view lost its buffer"
-    del arr
+    del alive, arr
     gc.collect()
     assert watch() is None
 
