@@ -188,8 +188,18 @@ def metrics_server() -> Iterator[dict[str, object]]:
     ready = threading.Event()
     runner_box: list[web.AppRunner] = []
 
-    async def handler(_: web.Request) -> web.Response:
-        return web.Response(text=str(state["page"]), status=int(str(state["status"])))
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if not state.get("chunked"):
+            return web.Response(text=str(state["page"]), status=int(str(state["status"])))
+        # As a busy server sends a large page: in parts, some time apart.
+        response = web.StreamResponse()
+        await response.prepare(request)
+        body = str(state["page"]).encode()
+        for start in range(0, len(body), 16 * 1024):
+            await response.write(body[start:start + 16 * 1024])
+            await asyncio.sleep(0.02)
+        await response.write_eof()
+        return response
 
     async def start() -> None:
         app = web.Application()
@@ -238,3 +248,12 @@ def test_scrape_refuses_oversized_pages_and_dead_ports(metrics_server: dict[str,
     with pytest.raises(ScrapeError):
         scrape_cache_figures("http://127.0.0.1:9", timeout_s=1.0)
     assert pod_url("fd00::1", 30000) == "http://[fd00::1]:30000/metrics"
+
+
+def test_a_page_that_arrives_in_parts_is_read_whole(metrics_server: dict[str, object]) -> None:
+    """A real page (80-130 KiB) reaches the operator in several parts when the server or the
+    network is busy; the scrape reads to the end of the response, not what came first."""
+    metrics_server["page"], metrics_server["chunked"] = T1, True
+    figures = scrape_cache_figures(str(metrics_server["url"]))
+    assert figures.prompt_tokens == _prompt(P.told(P.EMBEDDED_T1))
+

@@ -15,7 +15,8 @@ import aiohttp
 from .sglang_metrics import CacheFigures, PodCounters, aggregate, parse_pod
 
 DEFAULT_TIMEOUT_S = 2.0
-#: A /metrics page of SGLang 0.5.23 is tens of KiB (histograms included); more is not SGLang.
+#: A /metrics page of SGLang 0.5.23 is about 80-130 KiB (histograms included; the real pages in
+#: tests/fixtures/sglang-metrics); more than 4 MiB is not SGLang.
 MAX_PAGE_BYTES = 4 * 1024 * 1024
 METRICS_PATH = "/metrics"
 
@@ -44,7 +45,13 @@ async def fetch_page(session: aiohttp.ClientSession, url: str,
                                headers={"Accept": "text/plain"}) as response:
             if response.status != 200:
                 raise ScrapeError(f"{url}: HTTP {response.status}")
-            body = await response.content.read(max_bytes + 1)
+            # StreamReader.read(n) returns what has arrived, up to n bytes: a real page (80-130
+            # KiB from SGLang 0.5.23) often arrives in several chunks, so read to the end.
+            body = bytearray()
+            async for chunk in response.content.iter_chunked(64 * 1024):
+                body += chunk
+                if len(body) > max_bytes:
+                    break
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         raise ScrapeError(f"{url}: {type(exc).__name__}: {exc}".rstrip(": ")) from exc
     if len(body) > max_bytes:
