@@ -8,8 +8,8 @@ ENGINE_PY := .cache/venvs/engine/bin/engine-python
 EXAMPLE ?= examples/deepseek-r1-mi355x.yaml
 
 .PHONY: help venv demo test lint test-unit test-mori test-sglang test-pod test-e2e test-chart \
-        engine-env chart-tools bench-l3 bench-host-pool bench-plan bench-sglang bench-backends \
-        bench-pod bench-reconcile bench-sidecar-slots render-chart crd env-doc clean
+        engine-env pod-node-tools chart-tools bench-l3 bench-host-pool bench-plan bench-sglang \
+        bench-backends bench-pod bench-reconcile bench-sidecar-slots render-chart crd env-doc clean
 
 help:
 	@echo "make demo   - plan an example SGLangHiCache CR and show what the operator would create"
@@ -45,8 +45,11 @@ test-sglang: engine-env
 	bash scripts/pytest-tier.sh sglang $(ENGINE_PY)
 
 # Needs root (mount namespaces, memory cgroups, hugepage reservation), as CI runs.
-test-pod: engine-env
+test-pod: engine-env pod-node-tools
 	bash scripts/pytest-tier.sh pod $(ENGINE_PY)
+
+pod-node-tools:
+	@bash scripts/pod-node-tools.sh
 
 test-e2e: venv
 	bash scripts/pytest-tier.sh e2e $(PY)
@@ -83,7 +86,7 @@ bench-sglang: engine-env
 bench-backends: engine-env
 	$(ENGINE_PY) bench/backends.py
 
-bench-pod: engine-env
+bench-pod: engine-env pod-node-tools
 	$(ENGINE_PY) bench/pod.py
 
 bench-reconcile: venv

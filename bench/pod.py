@@ -31,7 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from pod.harness import Client, load_cr, make_image, plan_pod, start_pod  # noqa: E402
+from pod.harness import (  # noqa: E402
+    Client, admin_config, load_cr, make_image, plan_pod, start_pod)
 from pod.node import Node  # noqa: E402
 
 PROMPTS = 3
@@ -76,9 +77,10 @@ def main() -> None:
     make_model(models / "tiny-llama", "llama")
     os.chmod(models, 0o755)
     image = make_image(root / "image")
-    planned = plan_pod(load_cr("cpu/tiny-llama-standalone.yaml"))
-    port = planned.cr["spec"]["engine"]["port"]
+    (root / "node").mkdir()
     with Node(root / "node") as node:
+        planned = plan_pod(load_cr("cpu/tiny-llama-standalone.yaml"), admin_config(node))
+        port = planned.cr["spec"]["engine"]["port"]
         pod = start_pod(planned, node, image, root / "pods", {"tiny-models": models})
         try:
             pod.wait_ready(600)

@@ -1,8 +1,11 @@
 """Fixtures of the pod tier: the tiny models, the test image, a node, a kubelet per test.
 
 Needs the engine environment (scripts/build-engine-env.sh) as the interpreter, root (mount
-namespaces, memory cgroups, hugepage reservation) and cgroup v1 memory; each of these is
-checked and a missing one fails with what to do, never a silent skip.
+namespaces, cgroups, hugepage reservation), cgroup v1 memory and cpuset, util-linux and
+Debian's python3-seccomp (scripts/pod-node-tools.sh); :func:`pod.node.preflight` checks each
+before any pod starts and a missing one fails with what to do, never a silent skip. The
+checkout may live anywhere (the image's files are bound into every container, see
+:mod:`pod.image`).
 """
 
 from __future__ import annotations
@@ -15,20 +18,19 @@ from pathlib import Path
 
 import pytest
 
-from .harness import make_image
-from .node import Node
-from .runtime import Image
+from .image import Image, make_image
+from .node import Node, preflight
 
 
 @pytest.fixture(scope="session")
 def pod_root(request: pytest.FixtureRequest) -> Iterator[Path]:
     """Where images, volumes and logs live: world-traversable (containers run as uid 10001,
-    and pytest's own temp root is private to root), and not under /tmp, which sidecars mount a
-    volume over. Removed after a session without failures (kept, with every container's log,
+    and pytest's own temp root is private to root), and not under /tmp, which is each
+    container's own writable layer. Removed after a session without failures (kept, with every container's log,
     for a failed one)."""
-    if os.geteuid() != 0:
-        pytest.fail("the pod tier runs containers like a kubelet: it needs root (mount "
-                    "namespaces, memory cgroups, hugepage reservation)")
+    problems = preflight()
+    if problems:
+        pytest.fail("the pod tier cannot run on this machine:\n  " + "\n  ".join(problems))
     root = Path(tempfile.mkdtemp(prefix="hicache-pod-", dir="/var/tmp"))
     os.chmod(root, 0o755)
     yield root

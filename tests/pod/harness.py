@@ -1,8 +1,17 @@
-"""From a CR to a running pod: the planner's objects, a StatefulSet's pod, the test image.
+"""From a CR to a running pod: the tier's API for pod-level tests.
 
-``plan_pod`` runs the real planner on a CR and returns what the operator would apply; ``pod_of``
-turns the StatefulSet into the pod its controller would create (ordinal name, hostname, the
-``volumeClaimTemplates`` as per-pod claims ``<template>-<pod>``).
+* :func:`running_pod` -- the CR's pod started on a node, Ready, with a :class:`Client`; always
+  closed afterwards. What most tests need.
+* :func:`plan_pod` runs the real planner on a CR with the cluster admin's operator
+  configuration (:func:`admin_config`) and returns what the operator would apply;
+  :func:`start_pod` starts its pod without waiting (tests of pods that must not get Ready);
+  :func:`pod_of` turns the StatefulSet into the pod its controller would create (ordinal name,
+  hostname, the ``volumeClaimTemplates`` as per-pod claims ``<template>-<pod>``).
+* :func:`load_cr` reads an example CR with fields replaced.
+
+The node (:class:`pod.node.Node`), the image (:func:`pod.image.make_image`) and the kubelet
+(:class:`pod.runtime.Pod`) refuse what a real MI355X node refuses; docs/architecture.md ("The
+pod tier") lists what is imitated and how.
 """
 
 from __future__ import annotations
@@ -10,8 +19,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import os
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -21,8 +28,12 @@ from typing import Any
 
 import yaml
 
+from .image import Image, make_image
 from .podspec import PodMeta
-from .runtime import Image, Pod
+from .runtime import Pod
+
+__all__ = ["Client", "Image", "PlannedPod", "admin_config", "load_cr", "make_image", "plan_pod",
+           "pod_of", "running_pod", "start_pod"]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,11 +58,25 @@ def load_cr(name: str, **overrides: Any) -> dict[str, Any]:
     return cr
 
 
-def plan_pod(cr: dict[str, Any]) -> PlannedPod:
+def admin_config(node: Any = None, **overrides: Any) -> Any:
+    """The operator configuration (chart values) an admin sets for this cluster, as
+    docs/install.md says: the nodes' render gid in ``enginePodSecurity.supplementalGroups``,
+    ``SYS_NICE`` allowed for NUMA binding. ``overrides`` replace top-level keys."""
     from hicache_operator.api.config import OperatorConfig
+
+    data: dict[str, Any] = {
+        "enginePodSecurity": {"supplementalGroups": [node.render_gid] if node else []},
+        "policy": {"allowedCapabilities": ["IPC_LOCK", "SYS_NICE"]},
+    }
+    data.update(overrides)
+    return OperatorConfig.from_mapping(data)
+
+
+def plan_pod(cr: dict[str, Any], config: Any = None) -> PlannedPod:
+    """The operator's objects for ``cr`` (``config``: :func:`admin_config` of no node)."""
     from hicache_operator.plan import plan
 
-    p = plan(cr, OperatorConfig())
+    p = plan(cr, config if config is not None else admin_config())
     by_kind: dict[str, list[dict[str, Any]]] = {}
     for o in p.objects:
         by_kind.setdefault(o["kind"], []).append(o)
@@ -75,27 +100,6 @@ def pod_of(sts: dict[str, Any], ordinal: int = 0) -> tuple[PodMeta, dict[str, An
     meta = PodMeta(name=name, namespace=sts["metadata"].get("namespace", "default"),
                    labels=dict(tpl["metadata"].get("labels", {})))
     return meta, spec, claims
-
-
-def make_image(workdir: Path) -> Image:
-    """The engine image on this machine: ``python`` is the engine environment's interpreter,
-    ``umbp_standalone_server`` mori's binary under the environment's loader."""
-    from hicache_umbp.clients.runtime import mori_loader_prefix, standalone_server_binary
-
-    bin_dir = workdir / "image-bin"
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    python = bin_dir / "python"
-    if not python.exists():
-        python.symlink_to(sys.executable)
-    server = bin_dir / "umbp_standalone_server"
-    loader = " ".join(mori_loader_prefix())
-    server.write_text(f"#!/bin/sh\nexec {loader} {standalone_server_binary()} \"$@\"\n")
-    server.chmod(0o755)
-    for d in (bin_dir, workdir):
-        os.chmod(d, 0o755)
-    env = {"PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin", "HOME": "/home/sglang",
-           "PYTHONUNBUFFERED": "1"}
-    return Image(bin_dir=bin_dir, env=env, root_keep=(sys.base_prefix,))
 
 
 class Client:
@@ -133,13 +137,35 @@ def start_pod(planned: PlannedPod, node: Any, image: Image, workdir: Path,
 
 @contextlib.contextmanager
 def running_pod(cr: dict[str, Any], node: Any, image: Image, workdir: Path, models_dir: Path,
-                *, ready_timeout_s: float = 600) -> Iterator[tuple[Pod, Client]]:
+                *, ready_timeout_s: float = 600, config: Any = None,
+                ) -> Iterator[tuple[Pod, Client]]:
     """The CR's pod started on ``node`` (its model claim bound to ``models_dir``), Ready, with a
-    client on its engine port; always closed afterwards."""
-    planned = plan_pod(cr)
+    client on its engine port; always closed afterwards. ``config``: the operator
+    configuration, default :func:`admin_config` of ``node``."""
+    planned = plan_pod(cr, config if config is not None else admin_config(node))
     pod = start_pod(planned, node, image, workdir, {"tiny-models": models_dir})
     try:
         pod.wait_ready(ready_timeout_s)
         yield pod, Client(cr["spec"]["engine"]["port"])
     finally:
         pod.close()
+
+
+def run_container(node: Any, image: Image, workdir: Path, container: dict[str, Any], *,
+                  pod_security: dict[str, Any] | None = None,
+                  volumes: list[dict[str, Any]] | None = None,
+                  timeout_s: float = 120) -> tuple[int, str]:
+    """Run one container to completion on ``node`` as the only (init) container of a pod with
+    ``pod_security`` as its securityContext; (exit code, log). For tests of the tier itself."""
+    meta = PodMeta(name=f"probe-{container['name']}", namespace="hicache-test")
+    spec = {"securityContext": pod_security or {}, "volumes": volumes or [],
+            "initContainers": [container], "containers": []}
+    pod = Pod(meta, spec, {}, node, image, workdir / meta.name)
+    try:
+        pod.start(wait_started_s=timeout_s)
+        rc = 0
+    except RuntimeError:
+        rc = pod.containers[0].proc.returncode if pod.containers[0].proc else -1
+    finally:
+        pod.close()
+    return rc, pod.containers[0].log_text(20000)

@@ -128,6 +128,15 @@ def probe(container: dict[str, Any], name: str) -> Probe | None:
                  failure_threshold=spec.get("failureThreshold", 3))
 
 
+def hook(handler: dict[str, Any], grace_s: float) -> Probe:
+    """A lifecycle hook (``preStop``) as a one-shot probe bounded by the grace period."""
+    kinds = [k for k in ("exec", "httpGet", "sleep") if k in handler]
+    if kinds != ["exec"]:
+        raise NotImplementedError(f"lifecycle handler {sorted(handler)} (only exec)")
+    return Probe(kind="exec", target=handler["exec"], initial_delay_s=0, period_s=0,
+                 timeout_s=grace_s, success_threshold=1, failure_threshold=1)
+
+
 def resolve_port(container: dict[str, Any], port: int | str) -> int:
     if isinstance(port, int) or str(port).isdigit():
         return int(port)
@@ -148,6 +157,15 @@ def containers_in_start_order(pod_spec: dict[str, Any]) -> list[tuple[dict[str, 
 def memory_limit(container: dict[str, Any]) -> int | None:
     raw = container.get("resources", {}).get("limits", {}).get("memory")
     return None if raw is None else parse_quantity(raw)
+
+
+def cpu_request(container: dict[str, Any]) -> int:
+    """Whole CPUs the container is guaranteed (its limit; 1 when unset or fractional)."""
+    raw = container.get("resources", {}).get("limits", {}).get("cpu")
+    try:
+        return max(1, parse_quantity(raw)) if raw is not None else 1
+    except ValueError:
+        return 1
 
 
 def hugepages(container: dict[str, Any]) -> dict[int, int]:

@@ -1,17 +1,24 @@
-"""Run a pod template's containers as local processes, the way a kubelet would.
+"""Run a pod template's containers as local processes, the way a kubelet on a MI355X node would.
 
 What is real: the container commands, args and environment exactly as the spec renders them
-(``envFrom`` ConfigMaps, downward API); volumes at their ``mountPath`` in a private mount
+(``envFrom`` ConfigMaps, downward API) over the image's environment (the upstream base image's
+ENV and our Dockerfile's, :mod:`pod.image`); volumes at their ``mountPath`` in a private mount
 namespace per container (``emptyDir``, ``medium: Memory`` as a real tmpfs with its
-``sizeLimit``, per-pod claims that outlive container restarts); the container user, groups,
-``fsGroup`` ownership of volumes and capabilities; a memory cgroup per container at its
-``limits.memory``; hugepages reserved on the node for the pod's requests; native sidecars
-(init containers with ``restartPolicy: Always``) started in order, each waited for until its
-startup probe passes; the pod's own startup, readiness and liveness probes with the spec's
-path, port, period, timeout and thresholds; restarts with CrashLoopBackOff after an exit or a
-failed liveness/startup probe. What is not: the network (the pod IP is 127.0.0.1 and pods share
-the host's ports), CPU limits (this machine has 2 cores), image layers (the test image is the
-engine environment; see :class:`Image`), GPUs (see :mod:`pod.node`).
+``sizeLimit``, per-pod claims that outlive container restarts); a fresh writable layer (the
+image's HOME and /tmp) for every start of a container; the container user, the image's groups,
+fsGroup and supplementalGroups, ``fsGroup`` ownership of volumes; capabilities as Kubernetes
+grants them to a non-root user (a bounding set, never ambient); containerd's RuntimeDefault
+seccomp profile resolved from the configured capabilities (:mod:`pod.seccomp_profile`); a
+memory cgroup per container at its ``limits.memory`` and a cpuset cgroup with its CPUs (the
+static CPU manager); GPU device files with the host's owner and mode; hugepages reserved on the
+node for the pod's requests; native sidecars (init containers with ``restartPolicy: Always``)
+started in order, each waited for until its startup probe passes; the pod's own startup,
+readiness and liveness probes with the spec's path, port, period, timeout and thresholds;
+``preStop`` exec hooks within the grace period; restarts with CrashLoopBackOff after an exit
+or a failed liveness/startup probe. What is not: the network (the pod IP is 127.0.0.1 and pods
+share the host's ports), CPU quotas and exclusive CPUs per container (this machine has 2
+cores, see :mod:`pod.cputopo`), image layers (the test image is the engine environment; see
+:class:`pod.image.Image`), GPUs (see :mod:`pod.node`).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import contextlib
 import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,30 +41,29 @@ from pathlib import Path
 from typing import Any
 
 from . import podspec
+from .image import Image
 from .node import Node, kill_cgroup
 from .podspec import PodMeta, Probe
+from .seccomp_profile import runtime_default
 
 SHIM = Path(__file__).with_name("shim.py")
+# The runtime is a host program: the host's Python, with Debian's python3-seccomp.
+SHIM_PYTHON = "/usr/bin/python3"
 BACKOFF_INITIAL_S = 10.0
 BACKOFF_MAX_S = 300.0
 
 
-@dataclass(frozen=True)
-class Image:
-    """The test stand-in for the engine image: what its Dockerfile sets, on this machine.
-
-    ``bin_dir`` holds ``python`` (the engine environment's interpreter) and
-    ``umbp_standalone_server`` (mori's binary under the environment's loader), first on PATH as
-    /usr/local/bin is in the image; ``env`` and ``home``/``user`` mirror the Dockerfile's ENV,
-    WORKDIR and USER (uid 10001, gid 0, HOME=/home/sglang).
-    """
-
-    bin_dir: Path
-    env: dict[str, str]
-    home: str = "/home/sglang"
-    uid: int = 10001
-    gid: int = 0
-    root_keep: tuple[str, ...] = ()
+def seccomp_for(sc: dict[str, Any], caps: list[str]) -> dict[str, Any] | None:
+    """The seccomp profile a container runs under: containerd's RuntimeDefault for
+    ``RuntimeDefault`` (resolved from its configured capabilities), none for ``Unconfined``.
+    Kubernetes >= 1.27 still defaults an unset profile to Unconfined unless the kubelet runs
+    with ``--seccomp-default``; every pod the operator builds sets RuntimeDefault."""
+    kind = sc.get("seccompProfile", {}).get("type", "Unconfined")
+    if kind == "RuntimeDefault":
+        return runtime_default(caps)
+    if kind == "Unconfined":
+        return None
+    raise NotImplementedError(f"seccompProfile {kind}")
 
 
 @dataclass
@@ -79,49 +86,73 @@ class Container:
         self.started_at: float | None = None
         self.ready_at: float | None = None
         self.log_path = pod.dir / "logs" / f"{self.name}.log"
-        self.cgroup = pod.node.memory_cgroup(f"{pod.meta.name}-{self.name}",
-                                             podspec.memory_limit(spec))
+        cg_name = f"{pod.node.workdir.name}-{pod.meta.name}-{self.name}"
+        self.cgroup = pod.node.memory_cgroup(cg_name, podspec.memory_limit(spec))
+        self.cpuset, self.cpus = pod.node.cpuset_cgroup(cg_name, podspec.cpu_request(spec))
+        self.layer: Path | None = None
+        self.user: dict[str, Any] = {}
+        self.env: dict[str, str] = {}
         self._probe_stop = threading.Event()
         self.generation = 0
 
     # -- process ------------------------------------------------------------------------------
+    def _new_layer(self) -> dict[str, str]:
+        """A fresh writable layer for this start (the previous start's is gone): the image's
+        HOME and /tmp, where nothing survives a restart but what volumes hold."""
+        if self.layer is not None:
+            shutil.rmtree(self.layer, ignore_errors=True)
+        self.layer = self.pod.dir / "layers" / self.name / str(self.generation)
+        out = {}
+        for target in (self.pod.image.home, "/tmp"):
+            d = self.layer / target.strip("/").replace("/", "_")
+            d.mkdir(parents=True, exist_ok=True)
+            if target == "/tmp":
+                os.chmod(d, 0o1777)
+            else:
+                os.chown(d, self.pod.image.uid, self.pod.image.gid)
+            out[target] = str(d)
+        os.chmod(self.layer.parent.parent, 0o755)
+        return out
+
     def start(self) -> None:
         pod, spec = self.pod, self.spec
         env = {**pod.image.env, **podspec.container_env(spec, pod.configmaps, pod.meta)}
         mounts = [{"source": str(pod.volume_host_path(m["name"])), "target": m["mountPath"],
                    "readOnly": bool(m.get("readOnly"))} for m in spec.get("volumeMounts", [])]
-        home = pod.dir / "homes" / self.name
-        home.mkdir(parents=True, exist_ok=True)
-        os.chown(home, pod.image.uid, pod.image.gid)
-        if not any(m["target"] == pod.image.home for m in mounts):
-            mounts.insert(0, {"source": str(home), "target": pod.image.home})
-        sc = {**pod.spec.get("securityContext", {}), **spec.get("securityContext", {})}
-        caps = [c.lower() for c in sc.get("capabilities", {}).get("add", [])]
+        pod_sc = pod.spec.get("securityContext", {})
+        sc = {**pod_sc, **spec.get("securityContext", {})}
+        caps = [c.upper() for c in sc.get("capabilities", {}).get("add", [])]
         if "ALL" not in sc.get("capabilities", {}).get("drop", []):
             raise NotImplementedError(f"{self.name}: only drop: [ALL] + add is modelled")
-        groups = [g for g in (pod.spec.get("securityContext", {}).get("fsGroup"),
-                              *pod.spec.get("securityContext", {}).get("supplementalGroups", []))
-                  if g is not None]
+        groups = list(dict.fromkeys(g for g in (
+            *pod.image.groups, pod_sc.get("fsGroup"), *pod_sc.get("supplementalGroups", []))
+            if g is not None))
         gpus = podspec.gpus(spec, pod.gpu_resource)
+        self.generation += 1
         shim_spec = {
             "stage_dir": str(pod.dir / "stage" / self.name),
-            "cgroup_procs": str(self.cgroup / "cgroup.procs"),
+            "cgroup_procs": [str(self.cgroup / "cgroup.procs"),
+                             str(self.cpuset / "cgroup.procs")],
             "devices": pod.node.gpu_devices(pod.gpu_first, gpus) if gpus else {},
             "sys_merge": pod.node.sys_merge(),
-            "mounts": mounts, "root_keep": list(pod.image.root_keep),
+            "host_views": pod.node.host_views(),
+            "image_paths": list(pod.image.paths), "image_files": dict(pod.image.files),
+            "layer": self._new_layer(),
+            "mounts": mounts,
             "cwd": spec.get("workingDir", pod.image.home),
             "user": {"uid": sc.get("runAsUser", pod.image.uid),
                      "gid": sc.get("runAsGroup", pod.image.gid), "groups": groups},
-            "capabilities": caps,
+            "capabilities": [c.lower() for c in caps],
+            "seccomp": seccomp_for(sc, caps),
             "no_new_privs": sc.get("allowPrivilegeEscalation") is False,
             "argv": [*spec.get("command", []), *spec.get("args", [])],
             "env": env,
         }
+        self.user, self.env = shim_spec["user"], env
         spec_path = pod.dir / "stage" / f"{self.name}.json"
         spec_path.parent.mkdir(parents=True, exist_ok=True)
         spec_path.write_text(json.dumps(shim_spec))
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.generation += 1
         self.started.clear()
         self.ready = False
         with open(self.log_path, "ab") as log:
@@ -129,7 +160,7 @@ class Container:
             log.flush()
             self.proc = subprocess.Popen(
                 ["unshare", "--mount", "--propagation", "private", "--",
-                 sys.executable, str(SHIM), str(spec_path)],
+                 SHIM_PYTHON, str(SHIM), str(spec_path)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True)
         pod.event(self.name, "Started", f"pid {self.proc.pid}")
@@ -148,6 +179,13 @@ class Container:
             return
         if grace_s is None:
             grace_s = float(self.pod.spec.get("terminationGracePeriodSeconds", 30))
+        deadline = time.monotonic() + grace_s
+        pre_stop = self.spec.get("lifecycle", {}).get("preStop")
+        if pre_stop is not None and proc.poll() is None:
+            # The kubelet runs preStop first, inside the grace period, then sends SIGTERM.
+            ok, msg = self.pod.run_probe(self, podspec.hook(pre_stop, grace_s))
+            self.pod.event(self.name, "PreStop" if ok else "FailedPreStopHook", msg)
+        grace_s = max(deadline - time.monotonic(), 2.0)
         if proc.poll() is None:
             self.pod.event(self.name, reason, f"SIGTERM pid {proc.pid}")
             with contextlib.suppress(ProcessLookupError):
@@ -292,12 +330,18 @@ class Pod:
             if c.proc is None or c.proc.poll() is not None:
                 return False, "container not running"
             # The shim execs setpriv, which execs the command: the main pid is the command's.
-            cmd = ["nsenter", f"--target={c.proc.pid}", "--mount", "--", *p.target["command"]]
+            # Like the kubelet: the container's mount namespace, user, groups and environment.
+            user = c.user
+            cmd = ["nsenter", f"--target={c.proc.pid}", "--mount", "--", "setpriv",
+                   f"--reuid={user['uid']}", f"--regid={user['gid']}",
+                   f"--groups={','.join(map(str, user['groups']))}" if user["groups"]
+                   else "--clear-groups", "--", *p.target["command"]]
             try:
-                r = subprocess.run(cmd, capture_output=True, timeout=p.timeout_s)
+                r = subprocess.run(cmd, capture_output=True, timeout=p.timeout_s, env=c.env)
             except subprocess.TimeoutExpired:
                 return False, f"command timed out after {p.timeout_s}s"
-            return r.returncode == 0, f"exit {r.returncode}"
+            out = (r.stdout + r.stderr).decode(errors="replace").strip()[-300:]
+            return r.returncode == 0, f"exit {r.returncode}" + (f": {out}" if out else "")
         if p.kind == "tcpSocket":
             import socket
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import Client, load_cr, plan_pod, start_pod
+from .harness import Client, admin_config, load_cr, plan_pod, start_pod
 from .test_restart_pod import restart_engine
 from .test_serving_pod import PROMPT, assert_operator_reads, capture_metrics, fillers
 
@@ -60,7 +60,7 @@ def test_builtin_embedded_pod_serves_from_a_hugepage_pool_over_sglangs_memory_ch
     """The 2 GiB host pool is on hugepages; the engine's 12 Gi memory limit leaves SGLang's own
     check (limit - usage - 10 GiB) short of it. Without the hook's hugepage budget the scheduler
     refuses the pool ("Not enough host memory available") and the pod never gets Ready."""
-    planned = plan_pod(load_cr("cpu/tiny-llama-builtin.yaml"))
+    planned = plan_pod(load_cr("cpu/tiny-llama-builtin.yaml"), admin_config(node))
     pod = start_pod(planned, node, image, workdir, {"tiny-models": models_dir})
     try:
         pod.wait_ready(600)
@@ -87,7 +87,8 @@ def test_builtin_embedded_pod_serves_from_a_hugepage_pool_over_sglangs_memory_ch
 @pytest.mark.timeout(1200)
 def test_builtin_standalone_serves_storage_hits_after_an_engine_restart(
         node, image, workdir: Path, models_dir: Path) -> None:
-    planned = plan_pod(load_cr("cpu/tiny-llama-builtin-standalone.yaml"))
+    planned = plan_pod(load_cr("cpu/tiny-llama-builtin-standalone.yaml"),
+                       admin_config(node))
     pod = start_pod(planned, node, image, workdir, {"tiny-models": models_dir})
     try:
         pod.wait_ready(600)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import load_cr, plan_pod, running_pod, start_pod
+from .harness import admin_config, load_cr, plan_pod, running_pod, start_pod
 
 pytestmark = pytest.mark.pod
 
@@ -35,7 +35,7 @@ def test_a_4k_pool_starts_at_the_planned_memory_and_is_refused_below_it(
     with running_pod(cr, node, image, workdir / "fits", models_dir) as (_, c):
         assert c.generate("a short prompt")["meta_info"]["prompt_tokens"] > 0
     # The same pod with 3 GiB less memory: SGLang's own check must still refuse the 4 KiB pool.
-    planned = plan_pod(cr)
+    planned = plan_pod(cr, admin_config(node))
     limits = planned.statefulset["spec"]["template"]["spec"]["containers"][0]["resources"]
     limits["limits"]["memory"] = limits["requests"]["memory"] = "13Gi"
     pod = start_pod(planned, node, image, workdir / "short", {"tiny-models": models_dir})

@@ -1,6 +1,7 @@
 """The L3 tier across an engine restart, in the generated pod (see test_serving_pod.py for
 what is real). The kubelet restarts the engine container after its main process dies, exactly
-as Kubernetes does (same pod, same volumes, same sidecars, CrashLoopBackOff delay).
+as Kubernetes does (same pod, same volumes, same sidecars, CrashLoopBackOff delay, a fresh
+writable layer).
 """
 
 from __future__ import annotations
@@ -23,6 +24,17 @@ def restart_engine(pod) -> None:
     pod.wait_ready(600)
 
 
+def assert_nothing_compiled_at_run_time(pod) -> None:  # type: ignore[no-untyped-def]
+    """The restarted engine got a fresh writable layer (as from a kubelet) and served storage
+    hits without JIT-compiling SGLang's page-hash extension into it: the image ships it built
+    (TORCH_EXTENSIONS_DIR, images/engine/Dockerfile)."""
+    engine = pod.container("engine")
+    assert engine.restarts >= 1 and engine.layer is not None
+    home = engine.layer / pod.image.home.strip("/").replace("/", "_")
+    built = sorted(str(p.relative_to(home)) for p in home.rglob("*.so"))
+    assert not built, f"the engine compiled {built} into its writable layer at run time"
+
+
 @pytest.mark.timeout(1200)
 def test_standalone_l3_serves_storage_hits_after_an_engine_restart(
         node, image, workdir: Path, models_dir: Path) -> None:
@@ -42,6 +54,7 @@ def test_standalone_l3_serves_storage_hits_after_an_engine_restart(
         details = warm["meta_info"]["cached_tokens_details"]
         assert details["storage"] > 0 and details["device"] == details["host"] == 0, details
         assert warm["text"] == cold["text"]
+        assert_nothing_compiled_at_run_time(pod)
         metrics = c.metrics()
         assert 'sglang:cached_tokens_total{cache_source="storage"' in metrics
         assert_operator_reads(30001, [warm])  # the restarted server counts from zero
