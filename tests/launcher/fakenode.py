@@ -72,6 +72,8 @@ class FakeNode:
             self.link(f"/sys/bus/pci/devices/{bdf}", f"../../../devices/pci0000:00/{bdf}")
         node = f"renderD{minor}"
         self.write(f"/dev/dri/{node}", "")
+        if not self.p("/dev/kfd").exists():
+            self.write("/dev/kfd", "")
         if pci_link:
             drm = f"{dev}/drm/{node}"
             self.link(f"{drm}/device", "../../../" + bdf)

@@ -52,6 +52,7 @@ def test_embedded_on_two_numa_nodes(mi355x: FakeNode) -> None:
         "SGLANG_HICACHE_HOST_PREFAULT": "1",
         "UMBP_DRAM_USE_HUGEPAGES": "0",
         "UMBP_DRAM_PREFAULT": "1",
+        "SGLANG_SET_CPU_AFFINITY": "0",
     }
     assert "--hicache-size" in argv and argv[argv.index("--hicache-size") + 1] == "214"
 

@@ -46,8 +46,10 @@ def test_exact_command_and_env_for_eight_gpus_on_two_numa_nodes(mi355x: FakeNode
     assert plan.command.env_overrides == {
         "HICACHE_HOST_NUMA": "0,0,0,0,1,1,1,1",
         "HICACHE_UMBP_DRAM_NUMA": "0,0,0,0,1,1,1,1",
+        "SGLANG_SET_CPU_AFFINITY": "0",
     }
     assert plan.child_env["HICACHE_HOST_NUMA"] == "0,0,0,0,1,1,1,1"
+    assert plan.report["numa_placement"] == "bound"
     assert plan.child_env["HICACHE_MODEL_PATH"] == "deepseek-ai/DeepSeek-R1"
 
 

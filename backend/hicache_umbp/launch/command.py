@@ -67,6 +67,15 @@ def owned_flag(arg: str) -> str | None:
     return None
 
 
+# The upstream SGLang ROCm image sets SGLANG_SET_CPU_AFFINITY=1. SGLang 0.5.23 then pins each
+# scheduler to (host physical cores / TP) cores counted on the whole host, ignoring the
+# container's cpuset: under the kubelet's static CPU manager a rank whose range misses the pod's
+# exclusive CPUs dies with EINVAL, and under the none policy ranks land on the wrong socket.
+# Off: the pod's cpuset is the kubelet's CPU placement, each rank's host pool and UMBP DRAM stay
+# bound to its GPU's NUMA node by the launcher.
+CPU_AFFINITY_ENV = {"SGLANG_SET_CPU_AFFINITY": "0"}
+
+
 @dataclass(frozen=True)
 class Command:
     argv: tuple[str, ...]
@@ -187,6 +196,7 @@ def render_command(
         # SGLANG_DP_RANK is deliberately not set: one server process hosts every DP rank, and
         # SGLang 0.5.23 would apply a process-wide SGLANG_DP_RANK to every scheduler it spawns.
         env["SGLANG_DP_SIZE"] = str(cfg.dp_size)
+    env.update(CPU_AFFINITY_ENV)
     return Command(tuple(argv), env, extra)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 REASONS = (
     "InvalidConfig",
     "GpuDiscoveryFailed",
+    "GpuAccessDenied",
     "HugepagesUnavailable",
     "SsdUnavailable",
     "StandaloneServerUnavailable",

@@ -5,7 +5,8 @@ exec'd, and also when a check fails (``ok: false`` with the reason and message),
 ``kubectl exec cat`` or a readiness probe shows why a pod did not start. Schema version 1:
 
 ``{"schema": 1, "ok": bool, "reason": str|null, "error": str|null, "dry_run": bool,
-"gpus": [...], "numa_per_rank": [...], "hugepages": {...}, "ssd": {...}|null,
+"gpus": [...], "numa_per_rank": [...], "numa_placement": "bound"|"degraded"|"partial"|
+"unknown"|"none", "hugepages": {...}, "ssd": {...}|null,
 "standalone": {...}|null, "fallbacks": [...], "warnings": [...], "argv": [...],
 "env": {...}}``
 """
@@ -31,6 +32,7 @@ def new_report(dry_run: bool) -> dict[str, Any]:
         "dry_run": dry_run,
         "gpus": [],
         "numa_per_rank": [],
+        "numa_placement": None,
         "hugepages": {},
         "ssd": None,
         "standalone": None,

@@ -16,6 +16,7 @@ from typing import Any
 from ..contract.load import load_launch_config
 from ..contract.settings import BY_KEY, ConfigError, LaunchConfig
 from ..contract.units import fmt_bytes
+from .access import MempolicyProbe, check_gpu_access, mempolicy_syscall_probe
 from .command import Command, expected_ranks, render_command, shell_quote
 from .errors import LaunchError
 from .gpus import numa_per_rank, probe_gpus
@@ -77,6 +78,7 @@ def plan_launch(
     *,
     dry_run: bool = False,
     io_uring_probe: IoUringProbe = io_uring_syscall_probe,
+    mempolicy_probe: MempolicyProbe = mempolicy_syscall_probe,
     wait_sidecars: Callable[..., Any] = wait_for_sidecars,
     report: dict[str, Any] | None = None,
 ) -> LaunchPlan:
@@ -115,14 +117,29 @@ def plan_launch(
     if len(probe.gpus) > ranks:
         _warn(report, f"{len(probe.gpus)} GPUs visible but {ranks} rank(s) configured; GPUs "
                       f"{ranks}..{len(probe.gpus) - 1} stay idle")
+    check_gpu_access(root, probe.gpus[:ranks])
     numa, numa_warnings = numa_per_rank(probe, ranks, cfg.numa_policy)
     for w in numa_warnings:
         _warn(report, w)
+    report["numa_placement"] = "none" if cfg.numa_policy == "none" else "bound"
+    if cfg.numa_policy == "auto" and any(n >= 0 for n in numa):
+        refused = mempolicy_probe()
+        if refused is not None:
+            _warn(report, f"NUMA placement degraded: {refused}; the host pool"
+                          + (" and UMBP DRAM" if store.umbp_mode == "embedded" else "")
+                          + f" of every rank stay unbound (wanted NUMA nodes "
+                          f"{','.join(map(str, numa))}). Grant SYS_NICE (spec.security."
+                          f"capabilities; the admin policy's allowedCapabilities must list it)")
+            report["numa_placement"] = "degraded"
+            report["fallbacks"].append("numa->unbound")
+            numa = tuple(-1 for _ in numa)
+    if report["numa_placement"] == "bound" and any(n < 0 for n in numa):
+        report["numa_placement"] = "partial" if any(n >= 0 for n in numa) else "unknown"
     report["numa_per_rank"] = list(numa)
-    log.info("gpus: %d visible via %s (%d physical%s); NUMA per rank %s (numa %s)",
-             len(probe.gpus), probe.source, probe.physical_count,
+    log.info("gpus: %d visible via %s (%d physical%s), device files open; NUMA per rank %s "
+             "(numa %s, placement %s)", len(probe.gpus), probe.source, probe.physical_count,
              ", partitioned" if probe.physical_count < len(probe.gpus) else "",
-             ",".join(map(str, numa)), cfg.numa_policy)
+             ",".join(map(str, numa)), cfg.numa_policy, report["numa_placement"])
     resolved: dict[str, Any] = {}
     if cfg.numa_policy == "auto":
         if store.sources.get("host_numa") == "default":
