@@ -168,17 +168,17 @@ def test_quantities_beyond_int64_are_refused_not_overflowed() -> None:
 def test_pods_per_node_counts_memory_hugepages_and_cpus_not_only_gpus() -> None:
     cr = load_example("llama-3.1-70b-mi355x.yaml")  # TP4: 2 pods by GPUs
     assert plan(cr, CONFIG).topology.pods_per_node == 2
-    small_memory = CONFIG.model_copy(update={"node_facts": NodeFacts(memory="1200Gi")})
+    small_memory = CONFIG.model_copy(update={"node_facts": NodeFacts(memory="2000Gi")})
     t = plan(cr, small_memory).topology
     assert (t.pods_per_node, t.pods_per_node_limited_by) == (1, ("memory",))
     few_cpus = CONFIG.model_copy(update={"node_facts": NodeFacts(cpus=60)})
     assert plan(cr, few_cpus).topology.pods_per_node_limited_by == ("cpu",)
-    few_pages = CONFIG.model_copy(update={"node_facts": NodeFacts(hugepages={"2Mi": "300Gi"})})
+    few_pages = CONFIG.model_copy(update={"node_facts": NodeFacts(hugepages={"2Mi": "1000Gi"})})
     p = plan(cr, few_pages)
     assert (p.topology.pods_per_node, p.topology.pods_per_node_limited_by) == (
         1, ("hugepages-2Mi",))
     assert p.status_plan["topology"]["podsPerNodeLimitedBy"] == ["hugepages-2Mi"]
-    no_pages = CONFIG.model_copy(update={"node_facts": NodeFacts(hugepages={"2Mi": "100Gi"})})
+    no_pages = CONFIG.model_copy(update={"node_facts": NodeFacts(hugepages={"2Mi": "500Gi"})})
     p = plan(cr, no_pages)
     assert p.topology.pods_per_node == 0
     assert any("fits one pod" in w and "hugepages-2Mi" in w for w in p.warnings)

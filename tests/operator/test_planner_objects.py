@@ -39,8 +39,9 @@ def test_standalone_sidecars_one_per_medium_share_the_socket_dir() -> None:
     env = _configmap_env(p.objects)
     assert env["HICACHE_UMBP_MODE"] == "standalone"
     assert "HICACHE_UMBP_DRAM_BYTES" not in env  # embedded-only keys are never rendered
-    # DRAM sidecar holds its 4 KiB-backed 256Gi plus 2Gi overhead.
-    assert sidecars["umbp-dram"]["resources"]["limits"]["memory"] == "258Gi"
+    # DRAM sidecar holds its 4 KiB-backed 256Gi, their page tables (256 GiB / 512 x 513/512)
+    # and 2Gi for the process.
+    assert sidecars["umbp-dram"]["resources"]["limits"]["memory"] == f"{258 * 1024 + 513}Mi"
 
 
 def test_standalone_needs_a_dram_server() -> None:

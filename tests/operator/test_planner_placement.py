@@ -100,9 +100,10 @@ def test_rank_numa_map_and_single_numa_node_verdict() -> None:
     p4 = plan(_cr("llama-3.1-70b-mi355x.yaml"), CONFIG)
     assert p4.status_plan["topology"] == {
         "singleNumaNodeCompatible": True,
+        "admittedBy": ["none", "best-effort", "restricted", "single-numa-node"],
         "reasons": [],
         "podsPerNode": 2,
-        "podsPerNodeLimitedBy": ["gpus"],
+        "podsPerNodeLimitedBy": ["gpus", "memory"],
     }
 
 

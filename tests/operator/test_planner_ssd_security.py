@@ -36,7 +36,10 @@ def test_pvc_ssd_via_volume_claim_templates() -> None:
 
 
 def test_emptydir_ssd_requests_ephemeral_storage() -> None:
-    p = plan(_cr("llama-3.1-70b-mi355x.yaml"), CONFIG)
+    def empty_dir(s: dict[str, Any]) -> None:
+        s["l3"]["ssd"]["volume"] = {"emptyDir": {"sizeLimit": "900Gi"}}
+
+    p = plan(_cr("llama-3.1-70b-mi355x.yaml", empty_dir), CONFIG)
     vol = next(v for v in pod_spec(p.objects)["volumes"] if v["name"] == "umbp-ssd")
     assert vol == {"name": "umbp-ssd", "emptyDir": {"sizeLimit": "900Gi"}}
     ssd = next(c for c in all_containers(p.objects) if c["name"] == "umbp-ssd")
@@ -95,7 +98,8 @@ def test_engine_security_context_defaults() -> None:
     p = plan(_cr("deepseek-r1-mi355x.yaml"), CONFIG)
     spec = pod_spec(p.objects)
     ctx = _engine(p.objects)["securityContext"]
-    assert ctx["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+    # SYS_NICE: numa auto needs mbind, which RuntimeDefault seccomp gates on it
+    assert ctx["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK", "SYS_NICE"]}
     assert ctx["allowPrivilegeEscalation"] is False
     assert "privileged" not in ctx
     assert ctx["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -182,7 +186,7 @@ def test_privileges_need_the_policy() -> None:
 
 def test_sys_nice_removes_the_numa_warning_when_allowed() -> None:
     policy = AdminPolicy(allowed_capabilities=["IPC_LOCK", "SYS_NICE"])
-    cr = _cr("minimal-dram-only.yaml", lambda s: s.update(security={"capabilities": ["SYS_NICE"]}))
-    p = plan(cr, OperatorConfig(policy=policy))
+    p = plan(_cr("minimal-dram-only.yaml"), OperatorConfig(policy=policy))
     assert not any("CAP_SYS_NICE" in w for w in p.warnings)
-    assert any("CAP_SYS_NICE" in w for w in plan(_cr("minimal-dram-only.yaml"), CONFIG).warnings)
+    no_nice = OperatorConfig(policy=AdminPolicy(allowed_capabilities=["IPC_LOCK"]))
+    assert any("CAP_SYS_NICE" in w for w in plan(_cr("minimal-dram-only.yaml"), no_nice).warnings)

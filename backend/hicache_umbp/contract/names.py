@@ -16,6 +16,9 @@ from typing import Any, Final
 #: The engine container's command (``python -m hicache_umbp.launch``): probe the node, then exec.
 LAUNCH_MODULE: Final = "hicache_umbp.launch"
 LAUNCH_COMMAND: Final = ("python", "-m", LAUNCH_MODULE)
+#: The engine container's preStop hook: drain in-flight requests before SIGTERM.
+DRAIN_MODULE: Final = "hicache_umbp.drain"
+DRAIN_COMMAND: Final = ("python", "-m", DRAIN_MODULE)
 #: What the launcher execs: ``python -m sglang.launch_server`` with the host-allocator hook.
 SERVE_MODULE: Final = "hicache_umbp.serve"
 #: SGLang's dynamic storage backend keys for ours (``--hicache-storage-backend dynamic``).

@@ -38,9 +38,12 @@ class AdminPolicy(ApiModel):
     allow_host_ipc: bool = Field(default=False, alias="allowHostIPC", description="Allow hostIPC.")
     allow_host_network: bool = Field(default=False, description="Allow hostNetwork.")
     allowed_capabilities: list[str] = Field(
-        default_factory=lambda: ["IPC_LOCK"],
-        description="Capabilities the engine may get; "
-        "IPC_LOCK (pinned host memory) is granted by default when listed.",
+        default_factory=lambda: ["IPC_LOCK", "SYS_NICE"],
+        description="Capabilities the engine may get. A non-root engine never holds one "
+        "(Kubernetes gives no ambient capabilities); they shape the container's "
+        "RuntimeDefault seccomp profile: SYS_NICE, requested by default with numa: auto, "
+        "lets the launcher bind host pools to NUMA nodes (mbind). IPC_LOCK, granted by "
+        "default when listed, matters only to an engine run as root.",
     )
     max_hugepages_per_pod: Quantity = Field(
         default="2Ti", description="Upper bound of hugepages (all sizes) one pod may request."
@@ -155,6 +158,13 @@ class NodeFacts(ApiModel):
         description="Hugepages pre-allocated on the node per page size (e.g. {2Mi: 2Ti}), "
         "for the pods-per-node count; empty: unknown (only the memory total is counted).",
     )
+    topology_manager_policy: Literal["none", "best-effort", "restricted", "single-numa-node"] = (
+        Field(default="best-effort", description="The kubelet's topologyManagerPolicy on these "
+              "nodes; the plan says whether it admits the pod (restricted and "
+              "single-numa-node reject a pod whose GPUs span NUMA nodes while its CPUs fit one)."))
+    memory_manager_policy: Literal["None", "Static"] = Field(
+        default="Static", description="The kubelet's memoryManagerPolicy: Static adds memory "
+        "and hugepages NUMA hints to the topology manager's merge.")
 
     @property
     def memory_bytes(self) -> int:

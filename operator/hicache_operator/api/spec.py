@@ -44,7 +44,8 @@ class EnvVar(ApiModel):
         max_length=256,
         pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$",
         description="Variable name; names the operator owns (HICACHE_*, UMBP_*, POD_NAME, "
-        "POD_NAMESPACE, SGLANG_DP_RANK, SGLANG_DP_SIZE, SGLANG_HICACHE_HOST_*) are rejected.",
+        "POD_NAMESPACE, SGLANG_DP_RANK, SGLANG_DP_SIZE, SGLANG_SET_CPU_AFFINITY, "
+        "SGLANG_HICACHE_HOST_*) are rejected.",
     )
     value: str | None = Field(default=None, description="Literal value.")
     value_from: EnvVarSource | None = Field(
@@ -127,6 +128,14 @@ class ModelSource(ApiModel):
         "on every rank, so a page part is pageSize x kvBytesPerToken / 2 / kvHeads (e.g. "
         "Qwen3-235B-A22B, 4 KV heads at TP 8); unset, the heads are taken to split evenly "
         "over the attention-TP ranks.",
+    )
+    weights_size: Quantity | None = Field(
+        default=None,
+        description="Size of the model's weights as loaded on the GPUs, all ranks together "
+        "(e.g. 132Gi for Llama-3.1-70B bf16, 642Gi for DeepSeek-R1 FP8). With "
+        "kvBytesPerToken it lets the operator estimate the GPU's KV pool per rank (HBM x "
+        "--mem-fraction-static - weights / TP) and warn when the host pool per rank is "
+        "smaller, with the size that fits.",
     )
 
 

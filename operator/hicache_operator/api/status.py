@@ -47,6 +47,11 @@ class TopologyPlan(ApiModel):
         description="Whether the pod can pass the single-numa-node Topology Manager policy."
     )
     reasons: list[str] = Field(default_factory=list, description="Why not, when not.")
+    admitted_by: list[str] = Field(
+        default_factory=list,
+        description="Topology Manager policies that admit the engine container on the assumed "
+        "node: the kubelet's hint merge of its GPUs, CPUs and (Static memory manager) memory "
+        "and hugepages.")
     pods_per_node: int = Field(
         description="Pods of this size that fit one node (GPUs, CPUs, memory and hugepages "
         "of the assumed node facts)."

@@ -11,7 +11,7 @@ from typing import Any
 
 from hicache_umbp.contract.media import Medium
 from hicache_umbp.contract.mori_env import standalone_server_env
-from hicache_umbp.contract.names import LAUNCH_COMMAND
+from hicache_umbp.contract.names import DRAIN_COMMAND, LAUNCH_COMMAND
 from hicache_umbp.contract.paths import REPORT_DIR, SOCKET_DIR, SSD_MOUNT
 
 from ..api.quantity import format_bytes
@@ -25,6 +25,11 @@ from ..planner.security import (
     engine_security_context,
     pod_security_context,
     sidecar_security_context,
+)
+from ..planner.pod_overhead import (
+    DRAIN_ENDPOINT_DELAY_S,
+    DRAIN_TIMEOUT_S,
+    termination_grace_seconds,
 )
 from ..planner.sizing import ContainerSizing
 from ..planner.ssd import SSD_VOLUME
@@ -106,6 +111,11 @@ def _engine_container(b: BuildInput) -> dict[str, Any]:
         "livenessProbe": {
             **probe(HEALTH_PATH, HEALTH_TIMEOUT_S), "periodSeconds": 30, "failureThreshold": 4,
         },
+        # On deletion: the endpoints drop the terminating pod, in-flight requests finish, then
+        # SIGTERM (planner.sizing: terminationGracePeriodSeconds covers this and the release).
+        "lifecycle": {"preStop": {"exec": {"command": [
+            *DRAIN_COMMAND, "--timeout", str(DRAIN_TIMEOUT_S),
+            "--endpoint-delay", str(DRAIN_ENDPOINT_DELAY_S)]}}},
         "securityContext": engine_security_context(spec, b.config.policy),
     }
 
@@ -199,7 +209,9 @@ def build_statefulset(b: BuildInput) -> dict[str, Any]:
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": 120,
+        "terminationGracePeriodSeconds": termination_grace_seconds(
+            # the host pools and, embedded, the UMBP DRAM (dram_per_rank is 0 standalone)
+            (b.sizing.host_pool_per_rank + b.sizing.dram_per_rank) * b.sizing.ranks),
         "securityContext": pod_security_context(b.config.engine_pod_security),
         "affinity": b.affinity,
         "tolerations": b.tolerations,

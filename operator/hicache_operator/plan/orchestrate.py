@@ -41,6 +41,7 @@ from ..planner.engine import (
 )
 from ..planner.errors import Problems, SpecError
 from ..planner.k8s_checks import check_pod_inputs, model_path_warnings
+from ..planner.kv_pools import compare_kv_pools
 from ..planner.l3_staging import staging_warnings
 from ..planner.object_checks import check_objects
 from ..planner.page_geometry import page_geometry
@@ -56,6 +57,9 @@ from ..planner.sizing import PodSizing, size_pod
 from ..planner.ssd import SsdLayout, plan_ssd
 from ..planner.topology import Topology, plan_topology
 from ..planner.validate import parse_cr
+
+#: An SSD emptyDir above this is no cache a node's root disk should hold (warned).
+EMPTYDIR_SSD_MAX = 64 * 1024**3
 
 
 class _NoAliasDumper(yaml.SafeDumper):
@@ -151,8 +155,11 @@ def plan(
     assert engine is not None
 
     facts = config.node_facts
+    engine_c = sizing.engine
     topology = plan_topology(
-        ranks, sizing.cpu_total, sizing.memory_total, sizing.hugepages_total, facts
+        ranks, sizing.cpu_total, sizing.memory_total, sizing.hugepages_total, facts,
+        engine_cpus=engine_c.cpu, engine_memory_bytes=engine_c.memory_bytes,
+        engine_hugepages=engine_c.hugepages,
     )
     model = GPU_MODELS[spec.placement.gpu_model]
     tolerations = pod_tolerations(spec.placement, config)
@@ -217,6 +224,13 @@ def _warnings(
             f"incompatible with the single-numa-node Topology Manager policy: {r}"
             for r in topology.reasons
         )
+    verdict = topology.admission[facts.topology_manager_policy]
+    if not verdict.admitted:
+        out.append(
+            f"the nodes' topologyManagerPolicy {facts.topology_manager_policy} rejects the "
+            f"engine container (TopologyAffinityError, pod Failed): {verdict.reason}; "
+            f"policies that admit it: {', '.join(topology.admitted_by)}"
+        )
     if topology.pods_per_node == 0:
         out.append(
             f"no {facts.gpu_model} node of the assumed node facts fits one pod (short of "
@@ -237,6 +251,9 @@ def _warnings(
             f"updateStrategy.rollingUpdate.partition {strategy.partition} >= replicas "
             f"{spec.replicas}: no pod is updated to a new template until it is lowered"
         )
+    pools = compare_kv_pools(spec, GPU_MODELS[spec.placement.gpu_model])
+    if pools is not None and not pools.fits:
+        out.append(pools.warning(spec, GPU_MODELS[spec.placement.gpu_model]))
     out.extend(model_path_warnings(spec))
     out.extend(mla_warnings(spec))
     out.extend(staging_warnings(spec, sizing.page, sizing.ssd_total, sizing.ranks))
@@ -244,6 +261,13 @@ def _warnings(
         out.append(
             "a toleration matches the amd-gpu-unhealthy taint: pods may land on GPUs "
             "the AMD GPU operator marked unhealthy"
+        )
+    if ssd.enabled and ssd.kind == "emptyDir" and (ssd.volume_bytes or 0) > EMPTYDIR_SSD_MAX:
+        out.append(
+            f"the SSD tier is an emptyDir of {fmt_bytes(ssd.volume_bytes or 0)} per pod: it "
+            f"lives on the kubelet's root disk (ephemeral-storage), which {spec.replicas} "
+            f"pod(s) share with images and logs; use l3.ssd.volume.claimTemplate on a "
+            f"local-NVMe StorageClass"
         )
     if ssd.enabled and ssd.volume_bytes is None:
         out.append(
@@ -257,7 +281,7 @@ def _warnings(
             f"directory must be writable by uid {identity.run_as_user} on every node "
             f"(docs/install.md, engine pod identity)"
         )
-    out.extend(security_warnings(spec, config.policy))
+    out.extend(security_warnings(spec, config.policy, config.engine_pod_security))
     return out
 
 
@@ -286,6 +310,7 @@ def _status_plan(sizing: PodSizing, topology: Topology, warnings: list[str]) -> 
         ranks=ranks,
         topology=TopologyPlan(
             single_numa_node_compatible=topology.single_numa_node_compatible,
+            admitted_by=list(topology.admitted_by),
             reasons=list(topology.reasons),
             pods_per_node=topology.pods_per_node,
             pods_per_node_limited_by=list(topology.pods_per_node_limited_by),

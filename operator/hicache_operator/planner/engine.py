@@ -39,8 +39,11 @@ OWNED_ENV_PREFIXES = ("HICACHE_", "UMBP_")
 # SGLang's built-in backend's host allocator reads SGLANG_HICACHE_HOST_*: the launcher renders
 # them from spec.hiCache.hostAllocator (an engine env entry would fight it, or with backend umbp
 # mean nothing).
+# SGLANG_SET_CPU_AFFINITY: the launcher turns SGLang's own pinning off (it ignores the pod's
+# cpuset; hicache_umbp.launch.command.CPU_AFFINITY_ENV).
 OWNED_ENV_NAMES = frozenset(
-    {"SGLANG_DP_RANK", "SGLANG_DP_SIZE", "POD_NAME", "POD_NAMESPACE", *SGLANG_HOST_ALLOCATOR_ENV}
+    {"SGLANG_DP_RANK", "SGLANG_DP_SIZE", "SGLANG_SET_CPU_AFFINITY", "POD_NAME", "POD_NAMESPACE",
+     *SGLANG_HOST_ALLOCATOR_ENV}
 )
 SIDECAR_MEDIUM: dict[str, Medium] = {"umbp-dram": "dram", "umbp-ssd": "ssd"}
 #: SGLang serves Prometheus metrics on its HTTP port (/metrics) with this flag; the operator
@@ -153,8 +156,8 @@ def check_user_args_and_env(spec: SGLangHiCacheSpec, problems: Problems) -> None
             problems.add(
                 f"spec.engine.env[{i}].name",
                 f"{var.name} is owned by the operator (HICACHE_*, UMBP_*, "
-                f"SGLANG_DP_RANK, SGLANG_DP_SIZE, SGLANG_HICACHE_HOST_*, POD_NAME, "
-                f"POD_NAMESPACE)",
+                f"SGLANG_DP_RANK, SGLANG_DP_SIZE, SGLANG_SET_CPU_AFFINITY, "
+                f"SGLANG_HICACHE_HOST_*, POD_NAME, POD_NAMESPACE)",
             )
         if var.name in seen:
             problems.add(f"spec.engine.env[{i}].name", f"{var.name} is set twice")

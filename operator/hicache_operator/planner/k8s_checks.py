@@ -247,7 +247,15 @@ def model_path_warnings(spec: SGLangHiCacheSpec) -> list[str]:
     """A model volume SGLang would never read: the path lies outside its mount."""
     model = spec.model
     if model.volume is None:
-        return []
+        if model.path.startswith("/"):
+            return []  # weights baked into the image
+        return [
+            f"model.path {model.path!r} is a Hugging Face id and there is no model volume: "
+            f"SGLang downloads the weights into the container's writable layer at every engine "
+            f"start (a kubelet gives a restarted container a new layer), the bytes are in no "
+            f"resource request, and a gated model needs a token; put them on a volume "
+            f"(model.volume, e.g. a PVC filled once) and use a path under its mountPath"
+        ]
     mount = model.mount_path.rstrip("/") or "/"
     path = model.path
     if path.startswith("/"):

@@ -2,10 +2,19 @@
 
 A namespace user who may create an SGLangHiCache must not gain more than with a plain pod:
 privileged mode, host namespaces, extra capabilities and hostPath mounts come only from the
-admin policy (chart values). Engines drop every capability except those granted (IPC_LOCK by
-default, for pinned host memory), run with ``seccompProfile: RuntimeDefault`` and
-``allowPrivilegeEscalation: false`` — the ROCm device plugin hands ``/dev/kfd`` and
-``/dev/dri/renderD*`` to non-privileged containers, so GPUs need no privilege.
+admin policy (chart values). Engines drop every capability except those granted, run with
+``seccompProfile: RuntimeDefault`` and ``allowPrivilegeEscalation: false`` — the ROCm device
+plugin hands ``/dev/kfd`` and ``/dev/dri/renderD*`` to non-privileged containers, so GPUs need
+no privilege (only the device files' group, see ``enginePodSecurity.supplementalGroups``).
+
+What a granted capability does for the engine, which runs as uid 10001: Kubernetes gives a
+non-root process no ambient capabilities (kubernetes/kubernetes#56374), so added capabilities
+only enter its bounding set and it never holds one. They still matter to the runtime:
+containerd's RuntimeDefault seccomp profile is generated from the configured capabilities, and
+it allows ``mbind``/``set_mempolicy``/``get_mempolicy`` only when ``SYS_NICE`` is among them.
+So ``SYS_NICE`` is requested by default with ``numa: auto`` where the admin policy allows it
+(per-rank NUMA binding works), and ``IPC_LOCK`` (granted by default where allowed) has an
+effect only for an engine run as root.
 """
 
 from __future__ import annotations
@@ -19,7 +28,9 @@ from .errors import Problems
 from .ssd import host_path_allowed
 
 DEFAULT_CAPABILITY = "IPC_LOCK"
+NUMA_CAPABILITY = "SYS_NICE"
 _CAPABILITY_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
+
 
 def normalise_capability(name: str) -> str:
     name = name.strip().upper()
@@ -29,6 +40,8 @@ def normalise_capability(name: str) -> str:
 def granted_capabilities(spec: SGLangHiCacheSpec, policy: AdminPolicy) -> list[str]:
     allowed = {normalise_capability(c) for c in policy.allowed_capabilities}
     caps = [DEFAULT_CAPABILITY] if DEFAULT_CAPABILITY in allowed else []
+    if spec.hi_cache.host_allocator.numa == "auto" and NUMA_CAPABILITY in allowed:
+        caps.append(NUMA_CAPABILITY)
     for c in spec.security.capabilities:
         n = normalise_capability(c)
         if n in allowed and n not in caps:
@@ -133,20 +146,24 @@ def sidecar_security_context(capabilities: list[str]) -> dict[str, Any]:
     }
 
 
-def security_warnings(spec: SGLangHiCacheSpec, policy: AdminPolicy) -> list[str]:
+def security_warnings(spec: SGLangHiCacheSpec, policy: AdminPolicy,
+                      identity: EnginePodSecurity | None = None) -> list[str]:
     out: list[str] = []
     caps = granted_capabilities(spec, policy)
-    if DEFAULT_CAPABILITY not in caps:
+    root_engine = identity is not None and identity.run_as_user == 0
+    if DEFAULT_CAPABILITY not in caps and root_engine:
         out.append(
-            "IPC_LOCK is not granted (admin policy): pinning the host pool for GPU "
-            "transfers may fail or fall back to pageable copies"
+            "IPC_LOCK is not granted (admin policy): the root engine cannot mlock beyond "
+            "RLIMIT_MEMLOCK"
         )
-    if spec.hi_cache.host_allocator.numa == "auto" and "SYS_NICE" not in caps:
+    if spec.hi_cache.host_allocator.numa == "auto" and NUMA_CAPABILITY not in caps:
         out.append(
-            "NUMA binding (numa: auto) uses mbind/set_mempolicy, which container "
-            "runtimes' RuntimeDefault seccomp profiles allow only with CAP_SYS_NICE; "
-            "request SYS_NICE in spec.security.capabilities (the admin policy must allow "
-            "it) or the launcher cannot bind pools to the GPU's NUMA node"
+            "NUMA placement degraded: numa: auto binds each rank's host pool to its GPU's "
+            "NUMA node with mbind/set_mempolicy, which the RuntimeDefault seccomp profile "
+            "allows only to containers configured with CAP_SYS_NICE, and the admin policy's "
+            "allowedCapabilities do not list SYS_NICE: the launcher will report "
+            "numa_placement degraded and leave the pools unbound (allow SYS_NICE in the "
+            "chart's policy.allowedCapabilities, or set hostAllocator.numa: none)"
         )
     if (
         spec.l3.ssd.enabled

@@ -33,7 +33,8 @@ T the attention-TP ranks (TP, divided by DP under DP attention), h the KV heads
   refused). A hugepage-backed pool is checked against hugepages instead (the backend's host
   allocator hook), so the reserve does not apply to it.
 * engine CPUs (auto) = ``4 + 8 * R``; each standalone sidecar gets 2 CPUs; the DRAM sidecar 2 GiB
-  plus its 4 KiB-backed pool, the SSD sidecar as :mod:`.l3_staging` sizes it. Every container has
+  plus its 4 KiB-backed pool and the page tables :mod:`.pod_overhead` counts, the SSD sidecar as
+  :mod:`.l3_staging` sizes it plus those page tables. Every container has
   integer CPUs and requests == limits, so the pod is Guaranteed QoS and the static CPU / Memory
   Managers can align it.
 * Node fit: ``sum(hugepages) + sum(memory) <= node memory``, ``sum(cpu) <= node cpus``,
@@ -62,6 +63,7 @@ from ..api.quantity import format_bytes, parse_bytes
 from ..api.spec import SGLangHiCacheSpec
 from .errors import Problems
 from .l3_staging import ssd_sidecar, staging_assumed, staging_of_page
+from .pod_overhead import MIB, mapped_page_tables, sidecar_dram_memory
 from .page_geometry import PageGeometry
 
 ENGINE_BASE_MEMORY = 16 * GIB
@@ -75,8 +77,6 @@ ENGINE_CPU_PER_RANK = 8
 SHM_MIN = 16 * GIB
 SHM_PER_RANK = 4 * GIB
 SIDECAR_CPU = 2
-#: Process memory of the umbp-dram sidecar besides its 4 KiB-backed pool.
-SIDECAR_DRAM_MEMORY = 2 * GIB
 
 
 @dataclass(frozen=True)
@@ -197,13 +197,20 @@ def size_pod(
     )
     containers = [ContainerSizing("engine", _engine_cpu(spec, ranks, lines), engine_mem,
                                   engine_hp, gpus=ranks)]
+    # The engine registers its host pools with each standalone sidecar, which maps them.
+    registered = {host_page or PAGE_4K: host_r * ranks} if host_r else {}
     if standalone and dram_total:
         hp: dict[int, int] = {}
         _add(hp, dram_page, dram_total)
-        mem = SIDECAR_DRAM_MEMORY + (0 if dram_page else dram_total)
+        mem = sidecar_dram_memory(dram_total, dram_page, registered)
+        lines.append(
+            f"umbp-dram memory = roundup_MiB(2 GiB + {0 if dram_page else dram_total} B pool + "
+            f"page tables {mapped_page_tables({dram_page: dram_total})} B + engine pools' "
+            f"{mapped_page_tables(registered)} B) = {mem} B")
         containers.append(ContainerSizing("umbp-dram", SIDECAR_CPU, mem, hp))
     if standalone and ssd_bytes:
-        containers.append(ContainerSizing("umbp-ssd", SIDECAR_CPU, sidecar_memory))
+        mapped = -(-(sidecar_memory + mapped_page_tables(registered)) // MIB) * MIB
+        containers.append(ContainerSizing("umbp-ssd", SIDECAR_CPU, mapped))
 
     sizing = PodSizing(
         ranks=ranks,

@@ -1,0 +1,66 @@
+"""What a node charges a pod beyond its pools: sidecar page tables, and the time to stop.
+
+* umbp-dram sidecar memory = ``roundup_MiB(2 GiB + D_4K + PT(D) + PT(R * H))``: the process
+  (``umbp_standalone_server`` in its own memory cgroup, tests/backend/test_sidecar_memory_mori.py:
+  charged 775 MiB idle with a 768 MiB pool, which it faults in at start, and 777 MiB with the pool
+  full; its page tables grew from 1.72 to 2.75 MiB reading a 512 MiB registered engine pool, 8 B
+  per 4 KiB page; 2 GiB keeps room for its gRPC threads), its pool when 4 KiB-backed, and the page
+  tables the container is charged for: its own pool's and those of the engine's host pools it maps
+  zero-copy (the engine registers them with both sidecars).
+  ``PT(b) = ceil(b / page) * 8 B * 513/512`` (x86-64: one 8-byte entry per mapped page at the
+  level that maps it, plus the level above), so a 4 KiB-backed 512 GiB pool costs 1 GiB of page
+  tables (the old ``2 GiB + pool`` left ~1 GiB for a pool that fills: an OOM kill loses the DRAM
+  tier). Only 4 KiB-backed mappings are counted: a hugepage mapping costs 1/512 (2 MiB pages) or
+  less of that, inside the process allowance (the DeepSeek-R1 example's 1.6 TiB engine pool on
+  2 MiB pages: 6.4 MiB). The umbp-ssd sidecar adds ``PT(R * H)`` of a 4 KiB-backed engine pool.
+* terminationGracePeriodSeconds = ``5 + 300 + ceil(0.2 s/GiB * engine pools) + 30``: the
+  ``preStop`` drain (``hicache_umbp.drain``: 5 s for the endpoints to drop the pod, then up to
+  300 s for in-flight requests, long generations of large models), then SIGTERM and the release
+  of the engine's host pools (munmap and unpinning; bounded by the 0.174 s/GiB measured to
+  allocate and prefault hugetlb memory, DESIGN §7), plus 30 s for the rest of the exit. The
+  DeepSeek-R1 example (8 x 200 GiB): 655 s, where 120 s cut long generations and the release.
+"""
+
+from __future__ import annotations
+
+MIB = 1024**2
+GIB = 1024**3
+PAGE_4K = 4096
+#: Process memory of the umbp-dram sidecar besides its pool and page tables.
+SIDECAR_PROCESS_MEMORY = 2 * GIB
+#: x86-64 page tables: one 8-byte entry per mapped page (PTE per 4 KiB, PMD entry per 2 MiB).
+PAGE_TABLE_BYTES_PER_PAGE = 8
+#: preStop drain (hicache_umbp.drain): endpoint propagation, then in-flight requests.
+DRAIN_ENDPOINT_DELAY_S = 5
+DRAIN_TIMEOUT_S = 300
+#: Seconds per GiB of engine pool to release at stop (0.2: upper bound, allocate + prefault).
+RELEASE_S_PER_GIB = (1, 5)
+GRACE_MARGIN_S = 30
+
+
+def page_table_bytes(nbytes: int, page_size: int) -> int:
+    """Page-table bytes to map ``nbytes`` with ``page_size`` pages (0: 4 KiB), upper level
+    included."""
+    pages = -(-nbytes // (page_size or PAGE_4K))
+    return -(-pages * PAGE_TABLE_BYTES_PER_PAGE * 513 // 512)
+
+
+def mapped_page_tables(mappings: dict[int, int]) -> int:
+    """Page tables of the 4 KiB-backed mappings (page size -> bytes; 0 or 4 KiB)."""
+    return sum(page_table_bytes(b, p) for p, b in mappings.items() if p in (0, PAGE_4K))
+
+
+def sidecar_dram_memory(pool_bytes: int, pool_page: int, registered: dict[int, int]) -> int:
+    """The umbp-dram sidecar's memory: process, its pool when 4 KiB-backed, and the page tables
+    of its pool and of the engine pools it maps (``registered``: page size -> bytes)."""
+    total = SIDECAR_PROCESS_MEMORY + (0 if pool_page else pool_bytes)
+    total += mapped_page_tables({pool_page: pool_bytes}) + mapped_page_tables(registered)
+    return -(-total // MIB) * MIB
+
+
+def termination_grace_seconds(engine_pool_bytes: int) -> int:
+    """terminationGracePeriodSeconds for an engine holding ``engine_pool_bytes`` of host pools
+    (and embedded UMBP DRAM): drain, then release them (module docstring)."""
+    num, den = RELEASE_S_PER_GIB
+    release = -(-engine_pool_bytes * num // (den * GIB))
+    return DRAIN_ENDPOINT_DELAY_S + DRAIN_TIMEOUT_S + release + GRACE_MARGIN_S
