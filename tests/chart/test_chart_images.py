@@ -139,3 +139,36 @@ def test_the_engine_image_never_carries_the_cpu_test_support() -> None:
     assert copies and not any("tests" in a or "cpu_engine" in a for a in copies), copies
     ignore = (ENGINE.parent / "Dockerfile.dockerignore").read_text().split()
     assert "tests" in ignore or "tests/" in ignore or "**" in ignore or "*" in ignore, ignore
+
+
+def test_the_base_image_env_file_names_the_dockerfiles_base() -> None:
+    """images/engine/base-image.env is the base's ENV the pod tier runs with: it must describe
+    the image this Dockerfile builds on, and carry the variable SGLang's CPU pinning reads."""
+    from pod.image import dockerfile_env, dockerfile_from, read_env_file
+
+    image, env = read_env_file()
+    assert image == dockerfile_from(ENGINE)
+    assert env["SGLANG_SET_CPU_AFFINITY"] == "1"
+    ours = dockerfile_env(ENGINE, env)
+    assert ours["HOME"] == "/home/sglang"
+    assert not set(ours) & {"SGLANG_SET_CPU_AFFINITY"}, "the launcher, not the image, sets it"
+
+
+def test_the_engine_image_build_fails_on_a_missing_mori_library() -> None:
+    steps = _instructions(ENGINE)
+    runs = " ".join(a for i, a in steps if i == "RUN")
+    assert "check-mori-runtime.sh python3" in runs
+    for pkg in ("libgrpc++1.51t64", "libgrpc29t64", "libprotobuf32t64", "libre2-10",
+                "libabsl20220623t64", "libc-ares2"):
+        assert pkg in runs, pkg
+    ignore = (ROOT / "images/engine/Dockerfile.dockerignore").read_text().split()
+    assert "!images/engine/check-mori-runtime.sh" in ignore
+
+
+def test_the_engine_image_ships_sglangs_page_hash_extension_built() -> None:
+    from pod.image import dockerfile_env
+
+    ext = dockerfile_env(ENGINE)["TORCH_EXTENSIONS_DIR"]
+    assert ext.startswith("/opt/")
+    runs = [a for i, a in _instructions(ENGINE) if i == "RUN"]
+    assert any("_load_native_hash_module()" in a and "hicache_hash_cpp" in a for a in runs)
