@@ -31,8 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from pod.harness import (  # noqa: E402
-    Client, admin_config, load_cr, make_image, plan_pod, start_pod)
+from pod.harness import Client, admin_config, load_cr, make_image, plan_pod, start_pod  # noqa: E402
 from pod.node import Node  # noqa: E402
 
 PROMPTS = 3

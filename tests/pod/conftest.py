@@ -26,8 +26,8 @@ from .node import Node, preflight
 def pod_root(request: pytest.FixtureRequest) -> Iterator[Path]:
     """Where images, volumes and logs live: world-traversable (containers run as uid 10001,
     and pytest's own temp root is private to root), and not under /tmp, which is each
-    container's own writable layer. Removed after a session without failures (kept, with every container's log,
-    for a failed one)."""
+    container's own writable layer. Removed after a session without failures (kept, with every
+    container's log, for a failed one)."""
     problems = preflight()
     if problems:
         pytest.fail("the pod tier cannot run on this machine:\n  " + "\n  ".join(problems))

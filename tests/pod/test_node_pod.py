@@ -147,7 +147,7 @@ seen = {p: os.path.exists(p) for p in (home + "/.marker", "/tmp/marker")}
 open(home + "/.marker", "w").close(); open("/tmp/marker", "w").close()
 print(json.dumps(seen))
 """
-    from .harness import PodMeta, Pod
+    from .harness import Pod, PodMeta
 
     spec = {"securityContext": POD, "volumes": [], "initContainers": [],
             "containers": [python("layer", code)]}

@@ -46,7 +46,7 @@ def test_an_engine_without_the_nodes_render_gid_fails_naming_it(node, image, wor
 
 
 def _wait_report(pod) -> dict:  # type: ignore[no-untyped-def,type-arg]
-    pod.wait(lambda: _report(pod).get("ok") is not None and bool(_report(pod).get("argv"))
+    pod.wait(lambda: (_report(pod).get("ok") is not None and bool(_report(pod).get("argv")))
              or pod.container("engine").exit_codes != [], 180, "launch report")
     return _report(pod)
 
