@@ -82,5 +82,5 @@ def test_overridden_config_reaches_the_operator(tmp_path: Path) -> None:
     assert config.policy.allowed_gpu_models == ["MI355X"]
     assert config.node_facts.numa_of_gpu(5) == 1
     # untouched keys keep the chart defaults
-    assert config.policy.allowed_capabilities == ["IPC_LOCK"]
+    assert config.policy.allowed_capabilities == ["IPC_LOCK", "SYS_NICE"]
     assert config.policy.allow_privileged is False
