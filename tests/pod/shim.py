@@ -79,6 +79,8 @@ def locked_ancestor(path: str, uid: int, gids: set[int]) -> str | None:
     parts = path.strip("/").split("/")[:-1]
     for i in range(1, len(parts) + 1):
         d = "/" + "/".join(parts[:i])
+        if not os.path.exists(d):
+            return None  # made below, as a mount point the user can traverse
         st = os.stat(d)
         ok = (st.st_mode & stat.S_IXOTH or (st.st_uid == uid and st.st_mode & stat.S_IXUSR)
               or (st.st_gid in gids and st.st_mode & stat.S_IXGRP))
@@ -176,7 +178,15 @@ def main() -> None:
     for m in spec["mounts"]:
         bind(m["source"], m["target"], m.get("readOnly", False))
 
-    # 7. the image's files back on top, reachable by the container user
+    # 7. the image's files back on top, reachable by the container user. A path the machine
+    # lacks (/opt/sglang-hicache) gets a 0755 tmpfs on its deepest existing ancestor below /,
+    # so nothing is created on the machine's own filesystem.
+    for target, _ in image:
+        base = os.path.dirname(target)
+        while not os.path.exists(base):
+            base = os.path.dirname(base)
+        if base != "/" and not os.path.exists(target) and base not in locked:
+            locked.add(base)
     for d in sorted(locked, key=len):
         if not any(d.startswith(o + "/") for o in locked if o != d):
             os.makedirs(d, exist_ok=True)  # covered by the layer or a volume: a mount point
