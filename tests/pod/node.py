@@ -42,15 +42,20 @@ class NodeUnavailable(RuntimeError):
     """This machine cannot provide what the pod needs (reported as a skip with the reason)."""
 
 
-def own_memory_cgroup() -> Path:
+def _own_cgroup(controller: str, root: str, control_file: str, why: str = "") -> Path:
+    """This process's cgroup v1 directory of ``controller`` (children are made in it)."""
     for line in Path("/proc/self/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            d = Path(MEMORY_CGROUP_ROOT + path)
-            if (d / "memory.limit_in_bytes").exists():
+        if controller in controllers.split(","):
+            d = Path(root + path)
+            if (d / control_file).exists():
                 return d
-    raise NodeUnavailable("no cgroup v1 memory controller for this process "
-                          f"(looked under {MEMORY_CGROUP_ROOT})")
+    raise NodeUnavailable(f"no cgroup v1 {controller} controller for this process (looked "
+                          f"under {root}){why}")
+
+
+def own_memory_cgroup() -> Path:
+    return _own_cgroup("memory", MEMORY_CGROUP_ROOT, "memory.limit_in_bytes")
 
 
 def preflight() -> list[str]:
@@ -79,15 +84,8 @@ def preflight() -> list[str]:
 
 
 def own_cpuset_cgroup() -> Path:
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "cpuset" in controllers.split(","):
-            d = Path(CPUSET_CGROUP_ROOT + path)
-            if (d / "cpuset.cpus").exists():
-                return d
-    raise NodeUnavailable("no cgroup v1 cpuset controller for this process "
-                          f"(looked under {CPUSET_CGROUP_ROOT}): the static CPU manager's "
-                          "exclusive CPUs cannot be imitated")
+    return _own_cgroup("cpuset", CPUSET_CGROUP_ROOT, "cpuset.cpus", ": the static CPU "
+                       "manager's exclusive CPUs cannot be imitated")
 
 
 @dataclass

@@ -45,10 +45,16 @@ def test_an_engine_without_the_nodes_render_gid_fails_naming_it(node, image, wor
         pod.close()
 
 
-def _wait_report(pod) -> dict:  # type: ignore[no-untyped-def,type-arg]
-    pod.wait(lambda: (_report(pod).get("ok") is not None and bool(_report(pod).get("argv")))
-             or pod.container("engine").exit_codes != [], 180, "launch report")
-    return _report(pod)
+def _launch_report(planned, node, image, workdir: Path, models_dir: Path) -> dict:  # type: ignore[no-untyped-def,type-arg]
+    """Start the planned pod, wait until the launcher wrote its report (or the engine exited),
+    stop the pod; the report."""
+    pod = start_pod(planned, node, image, workdir, {"tiny-models": models_dir})
+    try:
+        pod.wait(lambda: bool(_report(pod).get("argv"))
+                 or pod.container("engine").exit_codes != [], 180, "launch report")
+        return _report(pod)
+    finally:
+        pod.close()
 
 
 @pytest.mark.timeout(600)
@@ -62,22 +68,14 @@ def test_numa_placement_is_bound_with_sys_nice_and_reported_degraded_without(
     no_nice = admin_config(node, policy={"allowedCapabilities": ["IPC_LOCK"]})
     planned = plan_pod(cr, no_nice)
     assert any(w.startswith("NUMA placement degraded") for w in planned.plan.warnings)
-    pod = start_pod(planned, node, image, workdir / "no-nice", {"tiny-models": models_dir})
-    try:
-        report = _wait_report(pod)
-    finally:
-        pod.close()
+    report = _launch_report(planned, node, image, workdir / "no-nice", models_dir)
     assert report["numa_placement"] == "degraded", report
     assert report["numa_per_rank"] == [-1]
     planned = plan_pod(cr, admin_config(node))
     engine_sc = planned.statefulset["spec"]["template"]["spec"]["containers"][0][
         "securityContext"]
     assert "SYS_NICE" in engine_sc["capabilities"]["add"]
-    pod = start_pod(planned, node, image, workdir / "nice", {"tiny-models": models_dir})
-    try:
-        report = _wait_report(pod)
-    finally:
-        pod.close()
+    report = _launch_report(planned, node, image, workdir / "nice", models_dir)
     assert report["numa_placement"] == "bound", report
     assert report["numa_per_rank"] == [0]
 
