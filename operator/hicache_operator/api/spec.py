@@ -327,8 +327,11 @@ class Security(ApiModel):
     capabilities: list[str] = Field(
         default_factory=list,
         max_length=16,
-        description="Capabilities to add beyond IPC_LOCK (e.g. SYS_NICE for NUMA binding "
-        "under RuntimeDefault seccomp); each must be in the policy's allowedCapabilities.",
+        description="Capabilities to add beyond the defaults (IPC_LOCK, and SYS_NICE with "
+        "hostAllocator.numa auto, where the policy allows them); each must be in the policy's "
+        "allowedCapabilities. The engine runs as a non-root user, which Kubernetes gives no "
+        "ambient capabilities: a capability is never held by the process, it only shapes the "
+        "RuntimeDefault seccomp profile the runtime generates (SYS_NICE admits mbind).",
     )
     privileged: bool = Field(default=False, description="Privileged container (policy must allow).")
     host_ipc: bool = Field(
