@@ -113,6 +113,19 @@ class Container:
         os.chmod(self.layer.parent.parent, 0o755)
         return out
 
+    def _image_files(self) -> dict[str, str]:
+        """The image's files at fixed paths, copied into this start's layer: a container writes
+        them copy-on-write (torch's lock file next to the prebuilt extension), and a restarted
+        container finds them as the image has them."""
+        assert self.layer is not None
+        out = {}
+        for i, (target, source) in enumerate(self.pod.image.files.items()):
+            copy = self.layer / "image-files" / str(i)
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            subprocess.run(["cp", "-a", source, str(copy)], check=True)
+            out[target] = str(copy)
+        return out
+
     def start(self) -> None:
         pod, spec = self.pod, self.spec
         env = {**pod.image.env, **podspec.container_env(spec, pod.configmaps, pod.meta)}
@@ -135,8 +148,8 @@ class Container:
             "devices": pod.node.gpu_devices(pod.gpu_first, gpus) if gpus else {},
             "sys_merge": pod.node.sys_merge(),
             "host_views": pod.node.host_views(),
-            "image_paths": list(pod.image.paths), "image_files": dict(pod.image.files),
             "layer": self._new_layer(),
+            "image_paths": list(pod.image.paths), "image_files": self._image_files(),
             "mounts": mounts,
             "cwd": spec.get("workingDir", pod.image.home),
             "user": {"uid": sc.get("runAsUser", pod.image.uid),
