@@ -32,7 +32,8 @@ from hicache_umbp.contract.staging import MoriShmStaging
 pytestmark = pytest.mark.mori
 
 MIB, GIB = 1 << 20, 1 << 30
-PAGE = 4 * MIB
+PAGE = MIB
+BATCH = 16
 POOL = 768 * MIB  # the server's DRAM pool (4 KiB pages)
 ENGINE_POOL = 512 * MIB  # the "engine's" host pool, registered with the server
 
@@ -85,15 +86,19 @@ def test_the_planned_dram_sidecar_memory_covers_its_measured_charge(
         # The engine prefaults and writes its pool: its pages are charged to the engine.
         ctypes.memset(pool.ptr, 0x5A, ENGINE_POOL)
         client = opened.client
-        client.register_memory(pool.ptr, ENGINE_POOL)
+        assert client.register_memory(pool.ptr, ENGINE_POOL)
         pages = ENGINE_POOL // PAGE
         keys_done = 0
         for round_ in range(POOL // ENGINE_POOL + 2):
-            keys = [f"k{round_}-{i}" for i in range(pages)]
-            ok = client.batch_put_from_ptr(keys, [pool.ptr + i * PAGE for i in range(pages)],
-                                           [PAGE] * pages)
-            keys_done += sum(bool(x) for x in ok)
-            if not all(ok):
+            full = False
+            for first in range(0, pages, BATCH):
+                idx = range(first, min(first + BATCH, pages))
+                ok = client.batch_put_from_ptr([f"k{round_}-{i}" for i in idx],
+                                               [pool.ptr + i * PAGE for i in idx],
+                                               [PAGE] * len(idx))
+                keys_done += sum(bool(x) for x in ok)
+                full = full or not all(ok)
+            if full:
                 break
         got = client.batch_get_into_ptr([f"k0-{i}" for i in range(8)],
                                         [pool.ptr + i * PAGE for i in range(8)], [PAGE] * 8)
