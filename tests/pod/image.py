@@ -116,6 +116,8 @@ def prebuild_torch_extensions(target: Path, env: dict[str, str]) -> None:
             "_load_native_hash_module()")
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
                    env={**os.environ, **env, "TORCH_EXTENSIONS_DIR": str(target)})
+    for lock in target.rglob("lock"):  # torch's build lock, left behind: not image content
+        lock.unlink()
     for dirpath, dirs, files in os.walk(target):
         for name in [dirpath, *(os.path.join(dirpath, n) for n in dirs + files)]:
             os.chown(name, 10001, 0)
