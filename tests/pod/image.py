@@ -13,7 +13,8 @@ same from any checkout (under ``/tmp``, under a mode-0700 ``/root``, ...): the s
 path of :attr:`Image.paths` back on top of the container's writable layer and volumes, and
 replaces an ancestor directory its user could not traverse by a bare 0755 one (see
 ``tests/pod/shim.py``). :attr:`Image.files` are image files at fixed paths (the prebuilt
-torch extensions under ``/opt/sglang-hicache``).
+torch extensions under ``/opt/sglang-hicache``), copied into each container start's writable
+layer (``pod.runtime``), as a container writes its image's files copy-on-write.
 """
 
 from __future__ import annotations
