@@ -71,6 +71,8 @@ def render_summary(p: Plan) -> str:
         f"single-numa-node compatible: {verdict}; pods of this size per node: "
         f"{p.topology.pods_per_node} (limited by {limits})"
     )
+    add(f"Topology Manager policies that admit the engine container: "
+        f"{', '.join(p.topology.admitted_by)}")
     add("")
     if p.ssd.enabled:
         size = f"{format_bytes(p.ssd.volume_bytes)} " if p.ssd.volume_bytes else ""

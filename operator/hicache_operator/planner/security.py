@@ -167,12 +167,15 @@ def security_warnings(spec: SGLangHiCacheSpec, policy: AdminPolicy,
         )
     if (
         spec.l3.ssd.enabled
+        and spec.l3.mode == "embedded"
         and spec.l3.ssd.io_backend == "io_uring"
         and not spec.l3.ssd.allow_posix_fallback
     ):
+        # Standalone: the umbp-ssd sidecar falls back to posix by itself (mori 1.2.4).
         out.append(
-            "SSD io_uring: recent RuntimeDefault seccomp profiles block io_uring "
-            "syscalls; the launcher fails unless allowPosixFallback is true (unverified "
-            "per runtime)"
+            "SSD io_uring: the pod runs under the RuntimeDefault seccomp profile, which "
+            "refuses io_uring (containerd's profile has no io_uring syscall; the pod tier "
+            "runs it): the launcher stops with SsdUnavailable; set l3.ssd.ioBackend: posix or "
+            "allowPosixFallback: true"
         )
     return out
