@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hicache_umbp.clients.factories import LOADER_ENV, mori_loader_prefix
+from hicache_umbp.clients.runtime import LOADER_ENV, mori_loader_prefix
 
 pytestmark = pytest.mark.mori
 

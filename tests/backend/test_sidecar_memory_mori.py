@@ -21,13 +21,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hicache_umbp.clients.factories import (
-    make_standalone_client,
-    mori_loader_prefix,
-    standalone_server_binary,
-)
+from hicache_umbp.clients.buffers import MoriShmStaging
+from hicache_umbp.clients.factories import make_standalone_client
+from hicache_umbp.clients.runtime import mori_loader_prefix, standalone_server_binary
 from hicache_umbp.contract.mori_env import standalone_server_env
-from hicache_umbp.contract.staging import MoriShmStaging
 
 pytestmark = pytest.mark.mori
 
@@ -90,7 +87,7 @@ def test_the_planned_dram_sidecar_memory_covers_its_measured_charge(
         assert client.register_memory(pool.ptr, ENGINE_POOL)
         pages = ENGINE_POOL // PAGE
         keys_done = 0
-        last: tuple[list[str], list[int]] = ([], [])
+        last: tuple[list[str], range] = ([], range(0))
         for round_ in range(POOL // ENGINE_POOL + 2):
             full = False
             for first in range(0, pages, BATCH):
@@ -101,7 +98,7 @@ def test_the_planned_dram_sidecar_memory_covers_its_measured_charge(
                 keys_done += sum(bool(x) for x in ok)
                 full = full or not all(ok)
                 if all(ok):
-                    last = (keys, list(idx))
+                    last = (keys, idx)
             if full:
                 break
         # the pool is full (mori may have evicted the oldest pages): the newest batch reads back

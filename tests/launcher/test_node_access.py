@@ -13,9 +13,11 @@ import errno
 import os
 
 import pytest
-from hicache_umbp.launch import LaunchError, NodeRoot, plan_launch
 from hicache_umbp.launch.access import check_gpu_access, gpu_device_paths
+from hicache_umbp.launch.errors import LaunchError
 from hicache_umbp.launch.gpus import probe_gpus
+from hicache_umbp.launch.noderoot import NodeRoot
+from hicache_umbp.launch.run import plan_launch
 
 from .conftest import io_uring_ok, launch_env
 from .fakenode import FakeNode

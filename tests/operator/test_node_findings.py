@@ -10,6 +10,7 @@ measures the sidecar's charge (tests/backend/test_sidecar_memory_mori.py).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -29,15 +30,15 @@ START_WARNINGS = ("Hugging Face id and there is no model volume", "kubelet's roo
                   "rejects the engine container")
 
 
-def _cr(name: str) -> dict:  # type: ignore[type-arg]
+def _cr(name: str) -> dict[str, Any]:
     return dict(yaml.safe_load((ROOT / "examples" / name).read_text()))
 
 
-def _plan(cr: dict, **config: object):  # type: ignore[no-untyped-def,type-arg]
+def _plan(cr: dict[str, Any], **config: Any) -> Any:
     return plan(cr, OperatorConfig.from_mapping(config) if config else OperatorConfig())
 
 
-def _pod(p) -> dict:  # type: ignore[no-untyped-def,type-arg]
+def _pod(p: Any) -> dict[str, Any]:
     sts = next(o for o in p.objects if o["kind"] == "StatefulSet")
     return dict(sts["spec"]["template"]["spec"])
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -41,11 +42,11 @@ def test_merge_is_preferred_only_when_every_hint_is_and_all_sets_are_equal() -> 
     assert merge_hints([[h(0), h(1)], [h(1)]], 2) == h(1)
 
 
-def _plan(path: Path, **facts: object):  # type: ignore[no-untyped-def]
+def _plan(path: Path, **facts: Any) -> Any:
     cr = yaml.safe_load(path.read_text())
     config = OperatorConfig()
     if facts:
-        config = config.model_copy(update={"node_facts": NodeFacts(**facts)})
+        config = config.model_copy(update={"node_facts": NodeFacts.model_validate(facts)})
     return plan(cr, config)
 
 

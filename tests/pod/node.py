@@ -119,11 +119,11 @@ class Node:
         self.proc_files = {"/proc/cpuinfo": str(proc / "cpuinfo"),
                            "/proc/stat": str(proc / "stat")}
         for name in ("kfd", *(f"dri/renderD{128 + 8 * i}" for i in range(len(MI355X_BDFS)))):
-            dev = self.root / "dev" / name
-            dev.parent.mkdir(parents=True, exist_ok=True)
-            dev.touch()
-            os.chown(dev, 0, self.render_gid)
-            os.chmod(dev, 0o660)
+            dev_file = self.root / "dev" / name
+            dev_file.parent.mkdir(parents=True, exist_ok=True)
+            dev_file.touch()
+            os.chown(dev_file, 0, self.render_gid)
+            os.chmod(dev_file, 0o660)
 
     def __enter__(self) -> Node:
         return self

@@ -37,6 +37,7 @@ import os
 import stat
 import subprocess
 import sys
+from typing import Any
 
 
 def sh(*args: str) -> None:
@@ -89,7 +90,7 @@ def locked_ancestor(path: str, uid: int, gids: set[int]) -> str | None:
     return None
 
 
-def load_seccomp(profile: dict) -> None:  # type: ignore[type-arg]
+def load_seccomp(profile: dict[str, Any]) -> None:
     """Load the profile (``pod.seccomp_profile.runtime_default``) for this process and all it
     execs; libseccomp skips names it does not know, as runc does."""
     import seccomp

@@ -15,7 +15,9 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,14 +33,14 @@ POD = {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001}
 
 
 def python(name: str, code: str, *, cpu: int = 2, caps: tuple[str, ...] = (),
-           **extra: object) -> dict:  # type: ignore[type-arg]
+           **extra: object) -> dict[str, Any]:
     sc = {**RESTRICTED, "capabilities": {"drop": ["ALL"], "add": list(caps)}}
     return {"name": name, "command": ["python", "-c", code], "securityContext": sc,
             "resources": {"limits": {"cpu": str(cpu), "memory": "1Gi"},
                           "requests": {"cpu": str(cpu), "memory": "1Gi"}}, **extra}
 
 
-def report(log: str) -> dict:  # type: ignore[type-arg]
+def report(log: str) -> dict[str, Any]:
     line = [x for x in log.splitlines() if x.startswith("{")][-1]
     return dict(json.loads(line))
 
@@ -164,7 +166,7 @@ print(json.dumps(seen))
 
 
 @pytest.fixture
-def moved_image(image: Image) -> Image:
+def moved_image(image: Image) -> Iterator[Image]:
     """The image's bin directory moved under /tmp and under a mode-0700 directory (a clone
     under /tmp or /root): its ``python`` and ``umbp_standalone_server`` must still run."""
     homes = [Path(tempfile.mkdtemp(prefix="hicache-node-clone-", dir="/tmp")),

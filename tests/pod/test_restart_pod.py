@@ -7,6 +7,7 @@ writable layer).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,7 @@ def restart_engine(pod) -> None:
     pod.wait_ready(600)
 
 
-def assert_nothing_compiled_at_run_time(pod) -> None:  # type: ignore[no-untyped-def]
+def assert_nothing_compiled_at_run_time(pod: Any) -> None:
     """The restarted engine got a fresh writable layer (as from a kubelet) and served storage
     hits without JIT-compiling SGLang's page-hash extension into it: the image ships it built
     (TORCH_EXTENSIONS_DIR, images/engine/Dockerfile)."""

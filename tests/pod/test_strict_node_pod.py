@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,7 +21,7 @@ from .node import NODE_RENDER_GID
 pytestmark = pytest.mark.pod
 
 
-def _report(pod) -> dict:  # type: ignore[no-untyped-def,type-arg]
+def _report(pod: Any) -> dict[str, Any]:
     path = pod.volume_host_path("hicache-run") / "launch-report.json"
     return dict(json.loads(path.read_text())) if path.exists() else {}
 
@@ -45,7 +46,8 @@ def test_an_engine_without_the_nodes_render_gid_fails_naming_it(node, image, wor
         pod.close()
 
 
-def _launch_report(planned, node, image, workdir: Path, models_dir: Path) -> dict:  # type: ignore[no-untyped-def,type-arg]
+def _launch_report(planned: Any, node: Any, image: Any, workdir: Path,
+                   models_dir: Path) -> dict[str, Any]:
     """Start the planned pod, wait until the launcher wrote its report (or the engine exited),
     stop the pod; the report."""
     pod = start_pod(planned, node, image, workdir, {"tiny-models": models_dir})

@@ -21,15 +21,15 @@ from ..planner.engine import (
     standalone_server_command,
 )
 from ..planner.k8s_checks import SHM_PATH
-from ..planner.security import (
-    engine_security_context,
-    pod_security_context,
-    sidecar_security_context,
-)
 from ..planner.pod_overhead import (
     DRAIN_ENDPOINT_DELAY_S,
     DRAIN_TIMEOUT_S,
     termination_grace_seconds,
+)
+from ..planner.security import (
+    engine_security_context,
+    pod_security_context,
+    sidecar_security_context,
 )
 from ..planner.sizing import ContainerSizing
 from ..planner.ssd import SSD_VOLUME

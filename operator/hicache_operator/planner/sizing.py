@@ -63,8 +63,8 @@ from ..api.quantity import format_bytes, parse_bytes
 from ..api.spec import SGLangHiCacheSpec
 from .errors import Problems
 from .l3_staging import ssd_sidecar, staging_assumed, staging_of_page
-from .pod_overhead import MIB, mapped_page_tables, sidecar_dram_memory
 from .page_geometry import PageGeometry
+from .pod_overhead import MIB, mapped_page_tables, sidecar_dram_memory
 
 ENGINE_BASE_MEMORY = 16 * GIB
 ENGINE_MEMORY_PER_RANK = 12 * GIB
