@@ -112,7 +112,7 @@ def _engine_container(b: BuildInput) -> dict[str, Any]:
             **probe(HEALTH_PATH, HEALTH_TIMEOUT_S), "periodSeconds": 30, "failureThreshold": 4,
         },
         # On deletion: the endpoints drop the terminating pod, in-flight requests finish, then
-        # SIGTERM (planner.sizing: terminationGracePeriodSeconds covers this and the release).
+        # SIGTERM (planner.pod_overhead: terminationGracePeriodSeconds covers this and the release).
         "lifecycle": {"preStop": {"exec": {"command": [
             *DRAIN_COMMAND, "--timeout", str(DRAIN_TIMEOUT_S),
             "--endpoint-delay", str(DRAIN_ENDPOINT_DELAY_S)]}}},
