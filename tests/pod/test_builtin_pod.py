@@ -132,7 +132,7 @@ def test_builtin_sidecar_restart_leaves_l3_writes_failing_and_the_operator_reads
     ``StorageWritesFailing`` Event): host backups, no L3 backup."""
     from hicache_operator.cachestats import scrape_cache_figures
 
-    planned = plan_pod(load_cr("cpu/tiny-llama-builtin-standalone.yaml"))
+    planned = plan_pod(load_cr("cpu/tiny-llama-builtin-standalone.yaml"), admin_config(node))
     pod = start_pod(planned, node, image, workdir, {"tiny-models": models_dir})
     try:
         pod.wait_ready(600)
