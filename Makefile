@@ -8,7 +8,7 @@ ENGINE_PY := .cache/venvs/engine/bin/engine-python
 EXAMPLE ?= examples/deepseek-r1-mi355x.yaml
 
 .PHONY: help venv demo test lint test-unit test-mori test-sglang test-pod test-e2e test-chart \
-        engine-env pod-node-tools chart-tools bench-l3 bench-host-pool bench-plan bench-sglang \
+        engine-env pod-node-tools chart-tools router-env bench-router bench-l3 bench-host-pool bench-plan bench-sglang \
         bench-backends bench-pod bench-reconcile bench-sidecar-slots render-chart crd env-doc clean
 
 help:
@@ -45,19 +45,23 @@ test-sglang: engine-env
 	bash scripts/pytest-tier.sh sglang $(ENGINE_PY)
 
 # Needs root (mount namespaces, memory cgroups, hugepage reservation), as CI runs.
-test-pod: engine-env pod-node-tools
+test-pod: engine-env pod-node-tools venv router-env chart-tools
 	bash scripts/pytest-tier.sh pod $(ENGINE_PY)
 
 pod-node-tools:
 	@bash scripts/pod-node-tools.sh
 
-test-e2e: venv
+# SGLang's model gateway (smg) and Debian's prometheus/promtool, unpacked under .cache.
+router-env:
+	@bash scripts/build-router-env.sh
+
+test-e2e: venv router-env chart-tools
 	bash scripts/pytest-tier.sh e2e $(PY)
 
 chart-tools: venv
 	@bash scripts/build-chart-tools.sh
 
-test-chart: chart-tools
+test-chart: chart-tools router-env
 	bash scripts/pytest-tier.sh chart $(PY)
 
 render-chart: chart-tools
@@ -91,6 +95,10 @@ bench-pod: engine-env pod-node-tools
 
 bench-reconcile: venv
 	$(PY) bench/reconcile.py
+
+# Two served replicas behind the real router: cache_aware vs round_robin vs one replica (root).
+bench-router: engine-env router-env
+	$(ENGINE_PY) bench/router.py
 
 bench-sidecar-slots: engine-env
 	$(ENGINE_PY) bench/sidecar_slots.py

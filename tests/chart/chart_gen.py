@@ -50,6 +50,7 @@ _DNS_LABEL: JsonObj = {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-
 _STR_MAP: JsonObj = {"type": "object", "additionalProperties": {"type": "string"}}
 _PORT: JsonObj = {"type": "integer", "minimum": 1, "maximum": 65535}
 _RES: JsonObj = _obj({"cpu": _CPU, "memory": _QTY})
+_DURATION: JsonObj = {"type": "string", "pattern": "^([0-9]+(ms|s|m|h|d|w|y))+$"}
 
 
 def _inline_refs(node: Any, defs: JsonObj) -> Any:
@@ -115,6 +116,27 @@ def values_schema() -> JsonObj:
                     "labels": _STR_MAP,
                 }, ["enabled"]),
             }, ["port"]),
+            "monitoring": _obj({
+                "namespaces": {"type": "array", "items": _DNS_LABEL, "uniqueItems": True},
+                "podMonitors": _obj({"enabled": {"type": "boolean"}, "interval": _DURATION,
+                                     "labels": _STR_MAP}, ["enabled"]),
+                "prometheusRule": _obj({
+                    "enabled": {"type": "boolean"}, "interval": _DURATION, "labels": _STR_MAP,
+                    "storageWritesFailingRatio": {"type": "number", "exclusiveMinimum": 0,
+                                                  "maximum": 1},
+                    "minL2TokensPerSecond": {"type": "number", "minimum": 0},
+                    "storageWritesFailingFor": _DURATION,
+                    "podOutOfRouterSetFor": _DURATION,
+                    "hitRatioCollapseFactor": {"type": "number", "exclusiveMinimum": 0,
+                                               "maximum": 1},
+                    "hitRatioBaselineOffset": _DURATION,
+                    "minPromptTokensPerSecond": {"type": "number", "minimum": 0},
+                    "hitRatioCollapseFor": _DURATION,
+                }, ["enabled"]),
+                "dashboard": _obj({"enabled": {"type": "boolean"},
+                                   "namespace": {"anyOf": [{"const": ""}, _DNS_LABEL]},
+                                   "labels": _STR_MAP, "annotations": _STR_MAP}, ["enabled"]),
+            }, ["podMonitors", "prometheusRule", "dashboard"]),
             "health": _obj({"port": _PORT}, ["port"]),
             "networkPolicy": _obj({
                 "enabled": {"type": "boolean"},

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.chart
 
 ENGINE = ROOT / "images" / "engine" / "Dockerfile"
 OPERATOR = ROOT / "images" / "operator" / "Dockerfile"
+ROUTER = ROOT / "images" / "router" / "Dockerfile"
 
 
 def _instructions(path: Path) -> list[tuple[str, str]]:
@@ -45,7 +46,8 @@ def _args(path: Path) -> dict[str, str]:
     return dict(a.split("=", 1) for i, a in _instructions(path) if i == "ARG" and "=" in a)
 
 
-@pytest.mark.parametrize("dockerfile", [ENGINE, OPERATOR], ids=["engine", "operator"])
+@pytest.mark.parametrize("dockerfile", [ENGINE, OPERATOR, ROUTER],
+                         ids=["engine", "operator", "router"])
 def test_hadolint_finds_nothing(dockerfile: Path) -> None:
     proc = run([tool("hadolint"), "--format", "json", "--failure-threshold", "style", dockerfile],
                check=False)
@@ -54,7 +56,25 @@ def test_hadolint_finds_nothing(dockerfile: Path) -> None:
 
 
 def test_checkov_dockerfile_checks_pass() -> None:
-    assert checkov_failures([ENGINE, OPERATOR], "dockerfile", allow={}) == []
+    assert checkov_failures([ENGINE, OPERATOR, ROUTER], "dockerfile", allow={}) == []
+
+
+def test_router_image_pins_the_project_smg_and_runs_as_the_pods_uid() -> None:
+    """The router image, the test environment (scripts/build-router-env.sh) and the project pin
+    agree on smg; the image's user is the uid the router pods run as; its entrypoint is the
+    command the router Deployment runs."""
+    from hicache_operator.builders.deployment import ROUTER_UID
+
+    args = _args(ROUTER)
+    assert args["SMG_VERSION"] == versions.SMG_VERSION
+    assert '"smg==${SMG_VERSION}"' in ROUTER.read_text()
+    script = (ROOT / "scripts" / "build-router-env.sh").read_text()
+    assert f'SMG_PIN="smg=={versions.SMG_VERSION}"' in script
+    steps = _instructions(ROUTER)
+    assert [a for i, a in steps if i == "USER"] == [f"{ROUTER_UID}:{ROUTER_UID}"]
+    assert json.loads(next(a for i, a in steps if i == "ENTRYPOINT")) == ["smg"]
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["operatorConfig"]["routerImage"].endswith(":0.1.0")
 
 
 def test_engine_image_pins_equal_the_project_pins() -> None:

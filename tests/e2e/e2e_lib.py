@@ -24,6 +24,9 @@ EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 NAMESPACE = "shc-e2e"
 CR_API, CRS = "hicache.sglang.ai/v1alpha1", "sglanghicaches"
 CHILD_RESOURCES = (("apps/v1", "statefulsets"), ("v1", "services"), ("v1", "configmaps"),
+                   ("apps/v1", "deployments"), ("v1", "serviceaccounts"),
+                   ("rbac.authorization.k8s.io/v1", "roles"),
+                   ("rbac.authorization.k8s.io/v1", "rolebindings"),
                    ("policy/v1", "poddisruptionbudgets"))
 #: The operator's resync timer in these tests (operator configuration resyncSeconds).
 RESYNC_S = 1.0
@@ -61,16 +64,18 @@ def example(path: Path, name: str | None = None) -> dict[str, Any]:
 class Planned:
     """The planner's output for a CR, as the controller applies it."""
 
-    def __init__(self, cr: dict[str, Any]) -> None:
+    def __init__(self, cr: dict[str, Any], router_serving: bool = False) -> None:
         body = copy.deepcopy(cr)
         body["metadata"].setdefault("namespace", NAMESPACE)
-        result = plan(body, OperatorConfig())
+        # router_serving False: the CR's Service points at the router only once a router pod
+        # is available, which no e2e test makes happen unless it says so.
+        result = plan(body, OperatorConfig(), router_serving=router_serving)
         self.status_plan = result.status_plan
         self.objects = list(result.objects)
 
 
-def planned(cr: dict[str, Any]) -> Planned:
-    return Planned(cr)
+def planned(cr: dict[str, Any], router_serving: bool = False) -> Planned:
+    return Planned(cr, router_serving)
 
 
 class Cluster:

@@ -125,10 +125,10 @@ def test_a_planner_bug_is_planning_failed_once_not_a_retry_loop(
 
     real = planner.plan
 
-    def buggy(cr: Any, config: Any, facts: Any = None) -> Any:
+    def buggy(cr: Any, config: Any, facts: Any = None, **kwargs: Any) -> Any:
         if cr["metadata"]["name"] == "crash":
             raise AttributeError("'str' object has no attribute 'get'")
-        return real(cr, config, facts)
+        return real(cr, config, facts, **kwargs)
 
     monkeypatch.setattr(planner, "plan", buggy)
     cluster.apply(_cr("crash", lambda s: None))

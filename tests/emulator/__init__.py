@@ -30,7 +30,11 @@ It speaks the Kubernetes REST API over loopback HTTP well enough to run the real
 - fault injection (``Fault``): error statuses (409, 500, ...), delays, dropped watches
   (``drop_after`` events, or ``drop_watches()`` for every open stream);
 - a minimal StatefulSet controller/kubelet (``WorkloadSimulator``) creating pods and PVCs whose
-  states tests set (ready, failed with a reason, unschedulable, image pull / crash loop).
+  states tests set (ready, failed with a reason, unschedulable, image pull / crash loop), and a
+  Deployment controller (``deployments``: the router's pods);
+- the router's kinds: Deployments, ServiceAccounts, Roles, RoleBindings, validated with their
+  schemas and the update rules the schemas do not state (``apps_rbac``: selector matches the
+  template, immutable Deployment selector and RoleBinding roleRef).
 
 Known gaps versus a real API server (do not rely on these in tests):
 - no authentication/authorization/admission webhooks, no RBAC checks; any token is accepted;

@@ -28,9 +28,12 @@ import jsonschema
 from kubernetes_validate.utils import schema_contents
 from referencing import Registry, Resource
 
+from .apps_rbac import workload_causes
+
 K8S_VERSION = "1.33"
 KINDS = frozenset({"StatefulSet", "Service", "ConfigMap", "PodDisruptionBudget",
-                   "PersistentVolumeClaim", "StorageClass"})
+                   "PersistentVolumeClaim", "StorageClass", "Deployment", "ServiceAccount",
+                   "Role", "RoleBinding"})
 _NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -123,7 +126,7 @@ def _pod_spec(pod: Mapping[str, Any], path: str, claims: list[str | None]
 def semantic_causes(obj: Mapping[str, Any]) -> list[Cause]:
     meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
     causes = list(_labels(meta.get("labels"), "metadata.labels"))
-    if obj.get("kind") == "StatefulSet":
+    if obj.get("kind") in ("StatefulSet", "Deployment"):
         template = spec.get("template") or {}
         causes += _labels((template.get("metadata") or {}).get("labels"),
                           "spec.template.metadata.labels")
@@ -132,6 +135,7 @@ def semantic_causes(obj: Mapping[str, Any]) -> list[Cause]:
         causes += _pod_spec(template.get("spec") or {}, "spec.template.spec", claims)
     if obj.get("kind") in ("Service",):
         causes += _labels(spec.get("selector"), "spec.selector")
+    causes += workload_causes(obj)
     return causes
 
 

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import kmock
 import yaml
 
+from .deployments import DeploymentSimulator
 from .faults import Fault
 from .server import KubeEmulator, RequestRecord
 from .store import Obj, ResourceType, Store
@@ -36,11 +37,16 @@ class EmulatorThread:
     """A started emulator: ``url``, ``write_kubeconfig()``, and thread-safe object operations."""
 
     def __init__(self, *, crds: Sequence[Obj | str] = (), simulate_workloads: bool = True,
-                 bookmark_interval: float = 1.0) -> None:
+                 bookmark_interval: float = 1.0, host: str = "127.0.0.1") -> None:
+        """``host``: the address to listen on (a pod network's bridge address, so processes
+        in pod network namespaces reach the API as pods reach a cluster's)."""
+        self.host = host
         self.emulator = KubeEmulator(bookmark_interval=bookmark_interval)
         for crd in crds:
             self.emulator.load_crd(crd)
         self.simulator = WorkloadSimulator(self.emulator.store) if simulate_workloads else None
+        self.deployments = (DeploymentSimulator(self.emulator.store) if simulate_workloads
+                            else None)
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
@@ -68,7 +74,9 @@ class EmulatorThread:
         self._stop = asyncio.Event()
         if self.simulator is not None:
             self.simulator.attach(asyncio.get_running_loop())
-        async with self.emulator, kmock.Server(self.emulator) as server:
+        if self.deployments is not None:
+            self.deployments.attach(asyncio.get_running_loop())
+        async with self.emulator, kmock.Server(self.emulator, host=self.host) as server:
             self._url = str(server.url).rstrip("/")
             self._ready.set()
             await self._stop.wait()

@@ -2,7 +2,8 @@
 rendering) in front of our ``Store``.
 
 Requests for a registered resource (``/api/v1/...``, ``/apis/<group>/<version>/...``) are
-served from the store: list (with ``limit``/``continue``, label and field selectors), watch
+served from the store: list (``lists``: resourceVersion semantics, consistent ``limit``/
+``continue`` pages, label and field selectors), watch
 (history replay from ``resourceVersion``, ``410 Gone`` for compacted versions, bookmarks,
 ``timeoutSeconds``, ``sendInitialEvents``), get, create, replace (PUT), patch (merge, JSON,
 strategic-merge approximated, apply approximated), delete (finalizers, propagation), and the
@@ -26,6 +27,7 @@ import kmock
 import yaml
 
 from .faults import Fault, FaultPlan
+from .lists import serve_list
 from .store import ApiError, ResourceType, Store
 from .validation import SchemaValidator
 
@@ -47,6 +49,11 @@ BUILTIN_TYPES = (
                  subresources=frozenset({"status", "scale"})),
     ResourceType("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget",
                  short_names=("pdb",), subresources=frozenset({"status"})),
+    ResourceType("apps", "v1", "deployments", "Deployment", short_names=("deploy",),
+                 subresources=frozenset({"status", "scale"})),
+    ResourceType("", "v1", "serviceaccounts", "ServiceAccount", short_names=("sa",)),
+    ResourceType("rbac.authorization.k8s.io", "v1", "roles", "Role"),
+    ResourceType("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
     ResourceType("storage.k8s.io", "v1", "storageclasses", "StorageClass", namespaced=False,
                  short_names=("sc",)),
     ResourceType("events.k8s.io", "v1", "events", "Event"),
@@ -72,6 +79,8 @@ class RequestRecord:
     # Where a write's body puts values: dotted key paths down to the changed leaves (or to the
     # first list), e.g. ``metadata.annotations.example.com/key``; empty for reads and deletes.
     body_keys: tuple[str, ...] = ()
+    # The query parameters (labelSelector, limit, resourceVersion, ...): which client asked.
+    query: tuple[tuple[str, str], ...] = ()
 
     @property
     def path(self) -> str:
@@ -198,7 +207,8 @@ class KubeEmulator(kmock.KubernetesScaffold):
         keys = (body_key_paths(request.data) if method == "PATCH" else
                 body_key_paths(request.data, depth=1) if method in ("POST", "PUT") else ())
         record = RequestRecord(method, rtype.plural, request.namespace, request.name,
-                               request.subresource, watch, body_keys=keys)
+                               request.subresource, watch, body_keys=keys,
+                               query=tuple(sorted(request.params.items())))
         try:
             if fault is not None and fault.delay:
                 await asyncio.sleep(fault.delay)
@@ -245,17 +255,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
                        "(collection deletes are an emulator gap)")
 
     def _list(self, request: kmock.Request, rtype: ResourceType) -> dict[str, Any]:
-        items = self.store.list(rtype, request.namespace, request.params.get("labelSelector", ""),
-                                request.params.get("fieldSelector", ""), copy_out=False)
-        items.sort(key=lambda o: (o["metadata"].get("namespace") or "", o["metadata"]["name"]))
-        start = int(request.params.get("continue") or 0)
-        limit = int(request.params.get("limit") or 0)
-        end = start + limit if limit else len(items)
-        meta: dict[str, Any] = {"resourceVersion": str(self.store.rv)}
-        if end < len(items):
-            meta["continue"] = str(end)
-        return {"apiVersion": rtype.api_version, "kind": f"{rtype.kind}List",
-                "metadata": meta, "items": items[start:end]}
+        return serve_list(self.store, rtype, request.namespace, request.params)
 
     async def _serve_watch(self, request: kmock.Request, rtype: ResourceType,
                            fault: Fault | None) -> aiohttp.web.StreamResponse:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .apps_rbac import immutable_causes
 from .builtins import pvc_update_causes, validate_builtin
 from .patching import PatchError, apply_patch
 from .selectors import matches_fields, matches_labels
@@ -88,6 +89,7 @@ class WatchEvent:
     type: str  # ADDED | MODIFIED | DELETED
     object: Obj
     at: float = field(default_factory=time.monotonic)  # when it happened
+    prev: Obj | None = None  # the object before (MODIFIED, DELETED), as etcd keeps prevKV
 
 
 @dataclass(eq=False)
@@ -327,6 +329,10 @@ class Store:
                                f'PersistentVolumeClaim "{old["metadata"]["name"]}" is invalid: '
                                f"{causes[0][0]}: {causes[0][1]}", causes=causes)
             return
+        frozen = immutable_causes(rtype.kind, new, old)
+        if frozen:
+            raise ApiError(422, "Invalid", f'{rtype.kind} "{old["metadata"]["name"]}" is '
+                           f"invalid: {frozen[0][0]}: {frozen[0][1]}", causes=frozen)
         if rtype.key != ("apps", "statefulsets"):
             return
         changed = sorted(k for k in set(new.get("spec") or {}) | set(old.get("spec") or {})
@@ -393,16 +399,18 @@ class Store:
                 event_type: str) -> None:
         self.rv += 1
         obj["metadata"]["resourceVersion"] = str(self.rv)
+        prev = self.objects.get(key)
         self.objects[key] = obj
         self._uids[obj["metadata"]["uid"]] = key
-        self._emit(WatchEvent(self.rv, rtype, event_type, obj))  # shared: never mutated
+        self._emit(WatchEvent(self.rv, rtype, event_type, obj,  # shared: never mutated
+                              prev=prev if event_type != "ADDED" else None))
 
     def _remove(self, key: tuple[str, str, str | None, str], rtype: ResourceType) -> None:
         stored = self.objects.pop(key)
         self._uids.pop(stored["metadata"]["uid"], None)
         self.rv += 1
         obj = {**stored, "metadata": {**stored["metadata"], "resourceVersion": str(self.rv)}}
-        self._emit(WatchEvent(self.rv, rtype, "DELETED", obj))
+        self._emit(WatchEvent(self.rv, rtype, "DELETED", obj, prev=stored))
         self._collect_dependents(obj["metadata"]["uid"])
 
     def _emit(self, event: WatchEvent) -> None:

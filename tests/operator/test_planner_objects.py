@@ -63,6 +63,10 @@ def test_objects_are_deterministic_labelled_and_without_owner_refs() -> None:
         "Service/llama-70b-headless",
         "Service/llama-70b",
         "PodDisruptionBudget/llama-70b",
+        "ServiceAccount/llama-70b-router",
+        "Role/llama-70b-router",
+        "RoleBinding/llama-70b-router",
+        "Deployment/llama-70b-router",
         "StatefulSet/llama-70b",
     ]
     for o in a.objects:
@@ -70,7 +74,7 @@ def test_objects_are_deterministic_labelled_and_without_owner_refs() -> None:
         assert labels["app.kubernetes.io/name"] == "sglang-hicache"
         assert labels["app.kubernetes.io/instance"] == "llama-70b"
         assert labels["app.kubernetes.io/managed-by"] == "sglang-hicache-operator"
-        assert labels["app.kubernetes.io/component"] in {"engine", "config"}
+        assert labels["app.kubernetes.io/component"] in {"engine", "config", "router"}
         assert o["metadata"]["namespace"] == "inference"
         assert "ownerReferences" not in o["metadata"]
     headless = a.objects[1]

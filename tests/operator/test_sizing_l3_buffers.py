@@ -124,7 +124,8 @@ def test_without_the_geometry_the_plan_says_what_it_assumed() -> None:
                             "the umbp-ssd sidecar's staging slots (16, shared by the 4 "
                             "ranks; 32 per rank with the geometry) are")):
         p = _plan(example)
-        [warning] = [w for w in p.warnings if "kvBytesPerToken" in w]
+        [warning] = [w for w in p.warnings if "kvBytesPerToken" in w
+                         and not w.startswith("router:")]
         assert warning.startswith(f"model.kvBytesPerToken is not set: {where} sized")
         assert f"page parts of {SSD_VALUE_BYTES_DEFAULT} B (8 MiB)" in warning
         assert "set model.kvBytesPerToken (with model.attention mha or mla)" in warning

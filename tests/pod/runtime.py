@@ -15,8 +15,9 @@ node for the pod's requests; native sidecars (init containers with ``restartPoli
 started in order, each waited for until its startup probe passes; the pod's own startup,
 readiness and liveness probes with the spec's path, port, period, timeout and thresholds;
 ``preStop`` exec hooks within the grace period; restarts with CrashLoopBackOff after an exit
-or a failed liveness/startup probe. What is not: the network (the pod IP is 127.0.0.1 and pods
-share the host's ports), CPU quotas and exclusive CPUs per container (this machine has 2
+or a failed liveness/startup probe; with ``netns`` (``pod.network``) the pod's own network
+namespace and IP on a bridge. What is not: the network without one (the pod IP is then
+127.0.0.1 and pods share the host's ports), CPU quotas and exclusive CPUs per container (this machine has 2
 cores, see :mod:`pod.cputopo`), image layers (the test image is the engine environment; see
 :class:`pod.image.Image`), GPUs (see :mod:`pod.node`).
 """
@@ -170,8 +171,11 @@ class Container:
         with open(self.log_path, "ab") as log:
             log.write(f"==== start #{self.restarts} at {time.time():.3f}\n".encode())
             log.flush()
+            # nsenter joins only the network namespace (``ip netns exec`` would also remount
+            # /sys, hiding the cgroup hierarchy the shim joins).
+            netns = ["nsenter", f"--net=/var/run/netns/{pod.netns}", "--"] if pod.netns else []
             self.proc = subprocess.Popen(
-                ["unshare", "--mount", "--propagation", "private", "--",
+                [*netns, "unshare", "--mount", "--propagation", "private", "--",
                  SHIM_PYTHON, str(SHIM), str(spec_path)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True)
@@ -298,6 +302,8 @@ class Pod:
     gpu_resource: str = "amd.com/gpu"
     backoff_initial_s: float = BACKOFF_INITIAL_S
     events: list[Event] = field(default_factory=list)
+    # The pod's network namespace (pod.network): its containers run there, at meta.pod_ip.
+    netns: str | None = None
 
     def __post_init__(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)

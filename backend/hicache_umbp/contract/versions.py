@@ -18,6 +18,12 @@ SGLANG_VERSION: Final = "0.5.23"
 # (wheels: cp310 manylinux_2_35 and cp312 manylinux_2_39 only).
 AMD_MORI_VERSION: Final = "1.2.4"
 
+# SGLang's model gateway (PyPI smg, Rust, runs on CPU), the router the operator deploys in front
+# of the pods (images/router). 1.13.0 polls each worker's /v1/loads, which SGLang 0.5.23 serves;
+# the older sglang-router 0.3.2 polls /get_load, which 0.5.23 no longer has (both checked on the
+# real wheels and server). scripts/build-router-env.sh installs the same version for the tests.
+SMG_VERSION: Final = "1.13.0"
+
 # The engine's Python and the oldest glibc its base must have. sglang 0.5.23 ships cp311-cp313
 # wheels only and amd-mori 1.2.4 cp310/cp312 only: 3.12 is the one Python both run on, and
 # amd-mori's cp312 wheel is manylinux_2_39 (glibc >= 2.39, an Ubuntu 24.04 base). The test

@@ -117,6 +117,18 @@ OwnerReferencesPermissionEnforcement admission plugin is on (OpenShift). */}}
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
   verbs: [get, list, watch, create, patch, delete]
+{{- /* The router of a CR (spec.router): its Deployment, ServiceAccount, and a Role that
+reads pods in the CR's namespace with its RoleBinding. Granting that Role needs no escalate or
+bind verb: the operator holds the same pod permissions below. */}}
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [""]
+  resources: [serviceaccounts]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  verbs: [get, list, watch, create, patch, delete]
 {{- /* Pods: status, and the pod IPs whose SGLang /metrics the operator reads over HTTP (no
 pods/proxy). SSD claims: grown when claimTemplate.size grows (patch), deleted with the CR on
 request. */}}

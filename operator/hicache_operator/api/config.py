@@ -222,6 +222,12 @@ class OperatorConfig(ApiModel):
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         default="IfNotPresent", description="Default image pull policy."
     )
+    router_image: str = Field(
+        default="ghcr.io/sglang-hicache/router:0.1.0",
+        min_length=1,
+        description="Router image (SGLang's model gateway smg, images/router) for CRs without "
+        "spec.router.image.",
+    )
     policy: AdminPolicy = Field(default_factory=AdminPolicy, description="Admin policy.")
     node_facts: NodeFacts = Field(default_factory=NodeFacts, description="Assumed node.")
     engine_pod_security: EnginePodSecurity = Field(

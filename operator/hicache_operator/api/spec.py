@@ -13,6 +13,7 @@ from pydantic import Field
 
 from .k8s import Affinity, EnvVarSource, ModelVolumeSource, UpdateStrategy
 from .l3 import BUILTIN_PREFAULT_THREADS_MESSAGE, L3
+from .router import Router
 from .types import (
     DNS1123_SUBDOMAIN,
     ApiModel,
@@ -372,3 +373,8 @@ class SGLangHiCacheSpec(ApiModel):
     placement: Placement = Field(default_factory=Placement, description="Node selection.")
     resources: Resources = Field(default_factory=Resources, description="CPU and memory.")
     security: Security = Field(default_factory=Security, description="Requested privileges.")
+    router: Router = Field(
+        default_factory=Router,
+        description="The cache-aware router in front of the pods (on by default from 2 "
+        "replicas).",
+    )

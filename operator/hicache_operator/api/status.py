@@ -61,6 +61,28 @@ class TopologyPlan(ApiModel):
     )
 
 
+class TokensPerPod(ApiModel):
+    """Tokens one engine pod can serve a prefix hit from, per tier (planner.sizing)."""
+
+    host: int = Field(description="In the L2 host pools.")
+    l3_dram: int = Field(description="In the UMBP DRAM tier.")
+    l3_ssd: int = Field(description="In the UMBP SSD tier.")
+    total: int = Field(
+        description="host + max(l3Dram, l3Ssd) (the SSD tier holds what DRAM holds)."
+    )
+
+
+class RouterTreePlan(ApiModel):
+    """The router's prefix tree as planned from the pods' cache capacity."""
+
+    tree_chars: int = Field(description="--max-tree-size (characters of request text).")
+    sized_for_pods: int = Field(description="Engine pods the tree is sized for.")
+    tokens_per_pod: TokensPerPod | None = Field(
+        default=None, description="Capacity per pod (absent: model.kvBytesPerToken unset)."
+    )
+    memory: str = Field(description="Router memory (requests == limits).")
+
+
 class PlanStatus(ApiModel):
     """What the operator computed for each pod (plain bytes and Kubernetes quantities)."""
 
@@ -76,6 +98,7 @@ class PlanStatus(ApiModel):
     ranks: list[RankPlan] = Field(default_factory=list, description="Per-rank plan.")
     topology: TopologyPlan = Field(description="NUMA fit.")
     warnings: list[str] = Field(default_factory=list, description="Planner warnings.")
+    router: RouterTreePlan | None = Field(default=None, description="The router's tree.")
 
 
 class CacheTier(ApiModel):
@@ -122,6 +145,27 @@ class CacheStatus(ApiModel):
     )
 
 
+class RouterStatus(ApiModel):
+    """The router as observed: its pods and the engine pods it routes to."""
+
+    replicas: int = Field(description="Router pods that exist.")
+    ready_replicas: int = Field(description="Router pods that are ready.")
+    serving: bool = Field(description="Whether the CR's Service sends requests to the router.")
+    workers: int | None = Field(
+        default=None,
+        description="Engine pods the router routes to now: healthy workers in its own worker "
+        "list (GET /workers), read on each resync.",
+    )
+    ready_pods: int | None = Field(
+        default=None, description="Ready engine pods (the set the router should route to)."
+    )
+    missing_pods: list[str] = Field(
+        default_factory=list,
+        description="Ready engine pods that are not among the router's healthy workers.",
+    )
+    message: str | None = Field(default=None, description="Why the workers are unknown.")
+
+
 class SGLangHiCacheStatus(ApiModel):
     """Observed state."""
 
@@ -142,4 +186,7 @@ class SGLangHiCacheStatus(ApiModel):
     plan: PlanStatus | None = Field(default=None, description="The computed plan.")
     cache: CacheStatus | None = Field(
         default=None, description="Cache capacity per tier and live hit ratios."
+    )
+    router: RouterStatus | None = Field(
+        default=None, description="The router and the pods it serves (absent: no router)."
     )

@@ -10,6 +10,7 @@ from typing import Any
 from ..api.config import OperatorConfig
 from ..api.spec import SGLangHiCacheSpec
 from ..planner.engine import EngineEnv
+from ..planner.router import ROUTER_APP_NAME, RouterPlan
 from ..planner.sizing import PodSizing
 from ..planner.ssd import SsdLayout
 
@@ -25,6 +26,7 @@ class ObjectNames:
     service: str
     configmap: str
     pdb: str
+    router: str  # the router's Deployment, ServiceAccount, Role and RoleBinding
 
     @classmethod
     def of(cls, name: str) -> ObjectNames:
@@ -34,6 +36,7 @@ class ObjectNames:
             service=name,
             configmap=f"{name}-hicache",
             pdb=name,
+            router=f"{name}-router",
         )
 
 
@@ -49,6 +52,9 @@ class BuildInput:
     affinity: dict[str, Any]
     tolerations: list[dict[str, Any]]
     capabilities: list[str]
+    router: RouterPlan | None = None  # None: no router
+    # The client Service sends requests to the router (once it has an available pod).
+    router_serving: bool = True
 
     @property
     def names(self) -> ObjectNames:
@@ -64,6 +70,15 @@ class BuildInput:
 
     def selector(self) -> dict[str, str]:
         return {"app.kubernetes.io/name": APP_NAME, "app.kubernetes.io/instance": self.name}
+
+    def router_selector(self) -> dict[str, str]:
+        """Router pods: a name of their own, so no engine selector (Services, PDB, the
+        router's own discovery) ever matches them."""
+        return {"app.kubernetes.io/name": ROUTER_APP_NAME, "app.kubernetes.io/instance": self.name}
+
+    @property
+    def router_image(self) -> str:
+        return self.spec.router.image or self.config.router_image
 
     def labels(self, component: str) -> dict[str, str]:
         return {

@@ -26,9 +26,18 @@ def build_headless_service(b: BuildInput) -> dict[str, Any]:
 
 
 def build_client_service(b: BuildInput) -> dict[str, Any]:
+    """What clients send requests to: the router when it runs (once it has an available pod,
+    so the switch never leaves the Service without endpoints), else the engine pods."""
+    spec: dict[str, Any] = {"type": "ClusterIP", "selector": b.selector(), "ports": _ports(b)}
+    component = "engine"
+    if b.router is not None and b.router_serving:
+        component = "router"
+        spec["selector"] = b.router_selector()
+        if b.spec.router.replicas > 1:  # each router keeps its own prefix tree
+            spec["sessionAffinity"] = "ClientIP"
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": b.metadata(b.names.service, "engine"),
-        "spec": {"type": "ClusterIP", "selector": b.selector(), "ports": _ports(b)},
+        "metadata": b.metadata(b.names.service, component),
+        "spec": spec,
     }

@@ -5,8 +5,10 @@
 - a timer (the operator configuration's ``resyncSeconds``, default 60) re-reconciles: drift
   correction, status and the cache figures scraped from the pods; an unchanged world writes nothing;
 - API trouble is retried in memory with a backoff (1 s ... 60 s), never by writing to the CR;
-- child events (StatefulSet, Services, ConfigMap, PDB) reconcile the owner when they show drift
-  from what was last applied; pod and StatefulSet events refresh the owner's status;
+- child events (StatefulSet, Services, ConfigMap, PDB, the router's Deployment, ServiceAccount,
+  Role and RoleBinding) reconcile the owner when they show drift from what was last applied;
+  pod, StatefulSet and Deployment events refresh the owner's status (the router's Deployment
+  becoming available points the CR's Service at it);
 - delete: children go (PVCs only when the CR asks), then kopf releases the finalizer.
 
 Why ``on.event`` and not kopf's create/update/resume handlers: those keep handler progress and
@@ -221,12 +223,16 @@ _CHILD_LABELS = {NAME_LABEL: APP_NAME}
 @kopf.on.event("", "v1", "services", labels=_CHILD_LABELS)
 @kopf.on.event("", "v1", "configmaps", labels=_CHILD_LABELS)
 @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=_CHILD_LABELS)
+@kopf.on.event("apps", "v1", "deployments", labels=_CHILD_LABELS)
+@kopf.on.event("", "v1", "serviceaccounts", labels=_CHILD_LABELS)
+@kopf.on.event("rbac.authorization.k8s.io", "v1", "roles", labels=_CHILD_LABELS)
+@kopf.on.event("rbac.authorization.k8s.io", "v1", "rolebindings", labels=_CHILD_LABELS)
 async def child_changed(body: kopf.Body, type: str, **_: Any) -> None:
     reconciler = runtime().reconciler
     owner = reconciler.drifted(body, type)
     if owner is not None:
         await _refresh(owner, "drift")
-    elif body.get("kind") == "StatefulSet":  # its status feeds the CR's status
+    elif body.get("kind") in ("StatefulSet", "Deployment"):  # their status feeds the CR's
         await _refresh(reconciler.owner_of(body), "status")
 
 

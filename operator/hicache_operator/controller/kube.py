@@ -38,6 +38,13 @@ PERMISSIONS: tuple[Permission, ...] = (
     ("", "services", _WRITE),
     ("", "configmaps", _WRITE),
     ("policy", "poddisruptionbudgets", _WRITE),
+    # The router (spec.router): its Deployment, and its identity: a ServiceAccount, a Role that
+    # reads pods in the CR's namespace and the RoleBinding. The API server lets the operator
+    # grant that Role because the operator holds the same pod permissions (no escalate/bind).
+    ("apps", "deployments", _WRITE),
+    ("", "serviceaccounts", _WRITE),
+    ("rbac.authorization.k8s.io", "roles", _WRITE),
+    ("rbac.authorization.k8s.io", "rolebindings", _WRITE),
     # Observed for status (and the pod IPs whose SGLang /metrics the operator reads over
     # HTTP: no pods/proxy); SSD PVCs are expanded when claimTemplate.size grows (patch) and
     # deleted with the CR only when the CR asks for it.
@@ -62,13 +69,19 @@ PLURALS: dict[tuple[str, str], str] = {
     ("v1", "Service"): "services",
     ("v1", "ConfigMap"): "configmaps",
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
+    ("apps/v1", "Deployment"): "deployments",
+    ("v1", "ServiceAccount"): "serviceaccounts",
+    ("rbac.authorization.k8s.io/v1", "Role"): "roles",
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     ("v1", "Pod"): "pods",
     ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
     ("storage.k8s.io/v1", "StorageClass"): "storageclasses",
 }
 CHILD_KINDS: tuple[tuple[str, str], ...] = (
     ("apps/v1", "StatefulSet"), ("v1", "Service"), ("v1", "ConfigMap"),
-    ("policy/v1", "PodDisruptionBudget"))
+    ("policy/v1", "PodDisruptionBudget"), ("v1", "ServiceAccount"),
+    ("rbac.authorization.k8s.io/v1", "Role"), ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("apps/v1", "Deployment"))
 
 
 class KubeError(Exception):

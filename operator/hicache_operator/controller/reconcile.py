@@ -27,6 +27,7 @@ from . import diff, metrics, status, volumes
 from .apply import ChildKey, ChildMemory, ChildWriter
 from .kube import CHILD_KINDS, KubeClient, KubeError
 from .logs import cr_logger
+from .router_status import RouterReader, router_block, router_pod_selector, router_serving
 from .transitions import Event, transition_events
 
 Obj = dict[str, Any]
@@ -87,21 +88,22 @@ def _key(obj: Mapping[str, Any]) -> ChildKey:
     return (obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
 
 
-def _default_plan(body: Mapping[str, Any], config: Any) -> Any:
+def _default_plan(body: Mapping[str, Any], config: Any, router_serving: bool = True) -> Any:
     from ..plan import plan  # imported lazily: the planner is heavier than the handlers
 
-    return plan(body, config)
+    return plan(body, config, router_serving=router_serving)
 
 
 class Reconciler:
     """Holds the per-CR memory of what was last applied (for cheap drift checks)."""
 
     def __init__(self, kube: KubeClient, config: Any,
-                 plan_fn: Callable[[Mapping[str, Any], Any], Any] = _default_plan) -> None:
+                 plan_fn: Callable[[Mapping[str, Any], Any, bool], Any] = _default_plan) -> None:
         self.kube, self.config, self.plan_fn = kube, config, plan_fn
         self.crs: dict[tuple[str, str], _CrState] = {}
         self.writer = ChildWriter(kube)
         self.observer = CacheObserver(config.cache_metrics, on_scrape=metrics.record_scrape)
+        self.router_reader = RouterReader(config.cache_metrics.timeout_seconds)
         self._slots: asyncio.Semaphore | None = None
 
     def _state(self, namespace: str, name: str, uid: str) -> _CrState:
@@ -109,10 +111,12 @@ class Reconciler:
         if state is None or state.uid != uid:
             state = self.crs[(namespace, name)] = _CrState(uid)
             self.observer.forget((namespace, name))
+            self.router_reader.forget((namespace, name))
         return state
 
     async def close(self) -> None:
         await self.observer.close()
+        await self.router_reader.close()
 
     def trigger_for(self, meta: Mapping[str, Any], listed: bool) -> str | None:
         """Why an event of the CR needs a reconcile (None: its generation was reconciled)."""
@@ -214,14 +218,15 @@ class Reconciler:
             self._update_gauges()
             return result
 
-    def _plan(self, body: Mapping[str, Any], state: _CrState) -> tuple[Any, status.Outcome]:
+    def _plan(self, body: Mapping[str, Any], state: _CrState,
+              router_serving: bool = True) -> tuple[Any, status.Outcome]:
         """The plan, or the outcome saying why there is none. Never raises for a bad spec: an
         unexpected planner error is a spec problem too (logged with its traceback once)."""
         spec = body.get("spec") or {}
         replicas = int(spec.get("replicas", 1)) if isinstance(spec.get("replicas", 1), int) else 0
         cfg = self.config.cache_metrics
         try:
-            planned = self.plan_fn(body, self.config)
+            planned = self.plan_fn(body, self.config, router_serving)
         except SpecError as exc:
             return None, status.Outcome(replicas=replicas, problems=list(exc.problems))
         except Exception as exc:
@@ -273,9 +278,15 @@ class Reconciler:
         previous = dict(body.get("status") or {})
         events: list[Event] = []
         writes = 0
-        planned, outcome = self._plan(body, state)
-
         selector = instance_selector(name)
+        live: dict[ChildKey, Obj] = {}
+        for api_version, kind in CHILD_KINDS:
+            for obj in await self.kube.list(api_version, kind, namespace, selector):
+                obj.setdefault("apiVersion", api_version)
+                obj.setdefault("kind", kind)
+                live[_key(obj)] = obj
+        planned, outcome = self._plan(body, state, router_serving(live, name))
+
         pvcs = await self.kube.list("v1", "PersistentVolumeClaim", namespace, selector)
         applied: list[str] = []
         if planned is not None:
@@ -283,12 +294,6 @@ class Reconciler:
             writes += len(applied)
             if outcome.problems:
                 planned = None
-        live: dict[ChildKey, Obj] = {}
-        for api_version, kind in CHILD_KINDS:
-            for obj in await self.kube.list(api_version, kind, namespace, selector):
-                obj.setdefault("apiVersion", api_version)
-                obj.setdefault("kind", kind)
-                live[_key(obj)] = obj
 
         rejections: list[str] = []
         if planned is not None:
@@ -329,14 +334,16 @@ class Reconciler:
         sts = next((obj for (_, kind, _), obj in live.items() if kind == "StatefulSet"), None)
         pods = await self.kube.list("v1", "Pod", namespace, selector)
         cache = await self._observe_cache(planned, trigger, (namespace, name), pods)
-        observed = status.Observed(statefulset=sts, pods=pods, pvcs=pvcs, cache=cache)
+        router_status, router_issues = await self._observe_router(
+            planned, trigger, (namespace, name), live, pods)
+        observed = status.Observed(statefulset=sts, pods=pods, pvcs=pvcs, cache=cache,
+                                   router=router_status, router_issues=tuple(router_issues))
         new_status = status.compute_status(generation=int(meta.get("generation") or 1),
                                            outcome=outcome, observed=observed, previous=previous)
         state.phase = str(new_status.get("phase", ""))
         events.extend(transition_events(previous, new_status, planned))
         if not status.same_status(previous, new_status):
-            patch: Obj = {k: None for k in previous if k not in new_status}
-            patch.update(new_status)
+            patch = _with_removals(previous, new_status)
             await self.kube.merge_patch(API_VERSION, KIND, namespace, name, {"status": patch},
                                         subresource="status")
             metrics.WRITES.labels("patch", f"{KIND}/status").inc()
@@ -350,6 +357,26 @@ class Reconciler:
             return None
         return await self.observer.observe(key, pods, planned.spec.engine.port)
 
+    async def _observe_router(self, planned: Any, trigger: str, key: tuple[str, str],
+                              live: Mapping[ChildKey, Obj], pods: list[Obj],
+                              ) -> tuple[Obj | None, list[tuple[str, str]]]:
+        """``status.router``: the Deployment's pods and, on the resync timer, the router's own
+        worker list (``router_status``)."""
+        if planned is None or getattr(planned, "router", None) is None:
+            self.router_reader.forget(key)
+            return None, []
+        namespace, name = key
+        deployment = live.get(("apps/v1", "Deployment", f"{name}-router"))
+        if trigger == "timer":
+            router_pods = await self.kube.list("v1", "Pod", namespace,
+                                               router_pod_selector(name))
+            await self.router_reader.observe(key, router_pods, planned.spec.router.port)
+        hc = planned.spec.router.health_check
+        grace = hc.interval_seconds * (hc.success_threshold + hc.failure_threshold) + 30
+        return router_block(deployment=deployment, serving=router_serving(live, name),
+                            engine_pods=pods, observation=self.router_reader.last(key),
+                            grace_s=grace)
+
     def _desired(self, obj: Mapping[str, Any], owner: Mapping[str, Any]) -> Obj:
         out = dict(obj)
         meta = dict(out.get("metadata") or {})
@@ -357,6 +384,18 @@ class Reconciler:
         meta["ownerReferences"] = [diff.owner_reference(owner)]
         out["metadata"] = meta
         return diff.with_last_applied(out)
+
+
+def _with_removals(old: Mapping[str, Any], new: Mapping[str, Any]) -> Obj:
+    """A JSON merge patch from ``old`` to ``new``: a merge patch keeps keys it does not name,
+    so keys gone from ``new`` (at any depth of nested objects) are sent as null."""
+    out: Obj = dict(new)
+    for key, value in old.items():
+        if key not in new:
+            out[key] = None
+        elif isinstance(value, Mapping) and isinstance(new[key], Mapping):
+            out[key] = _with_removals(value, new[key])
+    return out
 
 
 def _with_rejections(outcome: status.Outcome, rejections: list[str]) -> status.Outcome:

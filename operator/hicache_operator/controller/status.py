@@ -17,7 +17,8 @@ Conditions (``docs/operations.md`` explains each reason and what to do):
 - ``Degraded``: ``True`` with the most important failure: ``ObjectRejected`` (the API server
   refused a child), ``TopologyAffinityError``, ``HugepagesUnavailable``, ``GpusUnavailable``,
   ``SsdVolumePending``, ``Unschedulable``, ``ImagePullError``, ``CrashLoopBackOff``,
-  ``PodFailed``; else ``False``/``NoFailures``.
+  ``PodFailed``, ``RouterUnavailable``, ``RouterMissingPods`` (``router_status``); else
+  ``False``/``NoFailures``.
 
 ``replicas`` counts the pods that exist (the scale subresource reads it); ``cache`` is
 ``cachestats.status_block.cache_block``.
@@ -32,6 +33,7 @@ from typing import Any
 
 from ..cachestats.observer import CacheObservation
 from ..cachestats.status_block import cache_block
+from .router_status import ROUTER_REASONS
 
 Obj = dict[str, Any]
 CONDITION_TYPES = ("SpecValid", "Ready", "Progressing", "Degraded")
@@ -39,7 +41,7 @@ CONDITION_TYPES = ("SpecValid", "Ready", "Progressing", "Degraded")
 # Most severe first: the first one found becomes the Degraded reason.
 DEGRADED_REASONS = ("ObjectRejected", "TopologyAffinityError", "HugepagesUnavailable",
                     "GpusUnavailable", "SsdVolumePending", "Unschedulable", "ImagePullError",
-                    "CrashLoopBackOff", "PodFailed")
+                    "CrashLoopBackOff", "PodFailed", *ROUTER_REASONS)
 SPEC_REASONS = ("InvalidSpec", "PlanningFailed", "VolumeExpansionRefused")
 # Every reason this module writes, per condition (docs/operations.md explains each).
 REASONS: dict[str, tuple[str, ...]] = {
@@ -60,6 +62,8 @@ class Observed:
     pods: Sequence[Mapping[str, Any]] = ()
     pvcs: Sequence[Mapping[str, Any]] = ()
     cache: CacheObservation | None = None
+    router: Mapping[str, Any] | None = None  # status.router (router_status.router_block)
+    router_issues: Sequence[tuple[str, str]] = ()  # its Degraded (reason, message)
 
 
 @dataclass(frozen=True)
@@ -216,6 +220,7 @@ def compute_status(*, generation: int, outcome: Outcome, observed: Observed,
     ready = rolled and ready_pods >= outcome.replicas and existing == outcome.replicas
     issues = [PodIssue("ObjectRejected", "", r) for r in outcome.rejections]
     issues += pod_issues(observed)
+    issues += [PodIssue(reason, "", message) for reason, message in observed.router_issues]
     degraded = issues[0] if issues else None
     if degraded is not None:
         extra = f" (and {len(issues) - 1} more)" if len(issues) > 1 else ""
@@ -256,6 +261,8 @@ def compute_status(*, generation: int, outcome: Outcome, observed: Observed,
                         outcome.min_ratio_change)
     if cache is not None:
         out["cache"] = cache
+    if observed.router is not None:
+        out["router"] = dict(observed.router)
     return out
 
 

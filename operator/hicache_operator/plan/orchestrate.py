@@ -20,13 +20,24 @@ from hicache_umbp.contract.units import fmt_bytes
 from ..api.config import NodeFacts, OperatorConfig
 from ..api.quantity import format_bytes, parse_bytes
 from ..api.spec import SGLangHiCacheSpec
-from ..api.status import CacheTier, PlanStatus, RankPlan, TopologyPlan
+from ..api.status import (
+    CacheTier,
+    PlanStatus,
+    RankPlan,
+    RouterTreePlan,
+    TokensPerPod,
+    TopologyPlan,
+)
 from ..builders import (
     BuildInput,
     build_client_service,
     build_configmap,
     build_headless_service,
     build_pdb,
+    build_router_deployment,
+    build_router_role,
+    build_router_rolebinding,
+    build_router_serviceaccount,
     build_statefulset,
 )
 from ..planner.engine import (
@@ -52,6 +63,7 @@ from ..planner.placement import (
     pod_tolerations,
     tolerates_unhealthy,
 )
+from ..planner.router import RouterPlan, plan_router, router_warnings
 from ..planner.security import check_security, granted_capabilities, security_warnings
 from ..planner.sizing import PodSizing, size_pod
 from ..planner.ssd import SsdLayout, plan_ssd
@@ -83,6 +95,7 @@ class Plan:
     objects: list[dict[str, Any]]
     status_plan: dict[str, Any]
     warnings: list[str]
+    router: RouterPlan | None = None
 
     def manifests_yaml(self) -> str:
         return "".join(
@@ -109,9 +122,15 @@ class Plan:
 
 
 def plan(
-    cr: Mapping[str, Any], config: OperatorConfig, node_facts: NodeFacts | None = None
+    cr: Mapping[str, Any], config: OperatorConfig, node_facts: NodeFacts | None = None,
+    *, router_serving: bool = True,
 ) -> Plan:
-    """Plan every object of one SGLangHiCache; raises :class:`SpecError` on invalid input."""
+    """Plan every object of one SGLangHiCache; raises :class:`SpecError` on invalid input.
+
+    ``router_serving``: whether the client Service may send requests to the router already;
+    the controller passes False until the router's Deployment has an available pod (or the
+    Service already points at it), so turning the router on never leaves the Service without
+    endpoints. The default plans the steady state."""
     problems = Problems()
     parsed = parse_cr(cr, problems)
     if parsed is None:
@@ -143,6 +162,7 @@ def plan(
         spec, ranks, ssd.capacity if ssd.enabled else 0, config, problems, page=page
     )
     check_page_size(spec, parsed.namespace, parsed.name, sizing, ssd, problems)
+    router = plan_router(spec, parsed.namespace, _engine_selector(parsed.name), sizing, problems)
     engine = (
         plan_engine_env(
             spec, parsed.namespace, parsed.name, sizing, ssd, problems,
@@ -164,6 +184,7 @@ def plan(
     model = GPU_MODELS[spec.placement.gpu_model]
     tolerations = pod_tolerations(spec.placement, config)
     warnings = _warnings(spec, config, ssd, sizing, topology, tolerations)
+    warnings.extend(router_warnings(spec, router))
     build = BuildInput(
         name=parsed.name,
         namespace=parsed.namespace,
@@ -175,6 +196,8 @@ def plan(
         affinity=pod_affinity(spec.placement, model),
         tolerations=tolerations,
         capabilities=granted_capabilities(spec, policy),
+        router=router,
+        router_serving=router_serving,
     )
     objects = [
         build_configmap(build),
@@ -183,11 +206,14 @@ def plan(
         # A one-pod budget of maxUnavailable 1 protects nothing: planned only from 2 replicas,
         # so scaling down to 1 prunes it.
         *([build_pdb(build)] if spec.replicas > 1 else []),
+        *([build_router_serviceaccount(build), build_router_role(build),
+           build_router_rolebinding(build), build_router_deployment(build)]
+          if router is not None else []),
         build_statefulset(build),
     ]
     check_objects(objects, problems)
     problems.raise_if_any()
-    status_plan = _status_plan(sizing, topology, warnings)
+    status_plan = _status_plan(sizing, topology, warnings, router)
     return Plan(
         name=parsed.name,
         namespace=parsed.namespace,
@@ -201,7 +227,13 @@ def plan(
         objects=objects,
         status_plan=status_plan,
         warnings=warnings,
+        router=router,
     )
+
+
+def _engine_selector(name: str) -> dict[str, str]:
+    """The engine pods' labels (``BuildInput.selector``), which the router discovers."""
+    return {"app.kubernetes.io/name": "sglang-hicache", "app.kubernetes.io/instance": name}
 
 
 def _warnings(
@@ -285,7 +317,8 @@ def _warnings(
     return out
 
 
-def _status_plan(sizing: PodSizing, topology: Topology, warnings: list[str]) -> dict[str, Any]:
+def _status_plan(sizing: PodSizing, topology: Topology, warnings: list[str],
+                 router: RouterPlan | None = None) -> dict[str, Any]:
     ranks = [
         RankPlan(
             rank=r.rank,
@@ -316,6 +349,14 @@ def _status_plan(sizing: PodSizing, topology: Topology, warnings: list[str]) -> 
             pods_per_node_limited_by=list(topology.pods_per_node_limited_by),
         ),
         warnings=warnings,
+        router=None if router is None else RouterTreePlan(
+            tree_chars=router.sizing.tree_chars,
+            sized_for_pods=router.sizing.pods,
+            tokens_per_pod=None if router.sizing.pod_tokens is None else TokensPerPod(
+                host=router.sizing.pod_tokens.host, l3_dram=router.sizing.pod_tokens.l3_dram,
+                l3_ssd=router.sizing.pod_tokens.l3_ssd, total=router.sizing.pod_tokens.total),
+            memory=format_bytes(router.sizing.memory_bytes),
+        ),
     )
     return status.model_dump(by_alias=True, exclude_none=True, mode="json")
 

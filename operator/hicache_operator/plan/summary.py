@@ -88,6 +88,10 @@ def render_summary(p: Plan) -> str:
             add(f"  {line}")
     add(f"Warm L3 cache (mori 1.2.4): {warm_cache(p)}")
     add("")
+    add(router_line(p))
+    for line in p.router.sizing.arithmetic if p.router else ():
+        add(f"  {line}")
+    add("")
     add("SGLang command (rendered by the launcher from this env; NUMA resolved in the pod):")
     add(f"  {shlex.join(p.engine.sglang_argv)}")
     add("")
@@ -96,6 +100,18 @@ def render_summary(p: Plan) -> str:
         add(f"  - {w}")
     add("Objects: " + ", ".join(f"{o['kind']}/{o['metadata']['name']}" for o in p.objects))
     return "\n".join(out) + "\n"
+
+
+def router_line(p: Plan) -> str:
+    """Whether requests go through the cache-aware router, and how it is sized."""
+    r = p.spec.router
+    if p.router is None:
+        why = "router.enabled false" if r.enabled is False else "one pod (router.enabled unset)"
+        return f"Router: off ({why}); the Service spreads requests over the pods"
+    s = p.router.sizing
+    return (f"Router: smg, {r.replicas} pod(s), policy {r.policy}, discovers pods "
+            f"{','.join(f'{k}={v}' for k, v in sorted(p.router.selector.items()))}; prefix tree "
+            f"{s.tree_chars} characters, {s.cpu} CPUs, {format_bytes(s.memory_bytes)}")
 
 
 def warm_cache(p: Plan) -> str:

@@ -37,6 +37,9 @@ T the attention-TP ranks (TP, divided by DP under DP attention), h the KV heads
   :mod:`.l3_staging` sizes it plus those page tables. Every container has
   integer CPUs and requests == limits, so the pod is Guaranteed QoS and the static CPU / Memory
   Managers can align it.
+* Router (``spec.router``): the cache_aware prefix tree is the pods' capacity in tokens per tier
+  (host pool + L3) in characters, and the router's memory follows it
+  (:mod:`.router_sizing`).
 * Node fit: ``sum(hugepages) + sum(memory) <= node memory``, ``sum(cpu) <= node cpus``,
   ``R <= node GPUs``, ``sum(hugepages) <= policy.maxHugepagesPerPod``.
 """

@@ -1,0 +1,116 @@
+"""The router in front of the engine pods (``spec.router``): whether it runs, and its arguments.
+
+Pure. The gateway is SGLang's model gateway ``smg`` (1.13.0): it polls each worker's
+``/v1/loads``, which SGLang 0.5.23 serves (``sglang-router`` 0.3.2 polls ``/get_load``, which
+0.5.23 no longer has). It discovers the CR's engine pods itself (``--service-discovery`` with the
+pods' selector, in the CR's namespace only: a namespaced Role), registers a worker per ready pod
+at ``<pod IP>:<engine port>`` and drops it when the pod goes away or terminates.
+
+Default: on when ``replicas > 1``. With one pod there is nothing to route between and the extra
+hop and pod buy nothing; from two, a Service without the router loses the hits HiCache exists
+for. Set ``router.enabled: true`` where an autoscaler may scale to 1 and back, so the router and
+its tree survive the dip.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..api.router import ROUTER_OWNED_FLAGS
+from ..api.spec import SGLangHiCacheSpec
+from .engine import attention_tp_size
+from .errors import Problems
+from .router_sizing import RouterSizing, size_router
+from .sizing import PodSizing
+
+#: Label of the engine pods' selector that router pods must not carry (builders.context).
+ROUTER_APP_NAME = "sglang-hicache-router"
+
+
+def router_enabled(spec: SGLangHiCacheSpec) -> bool:
+    enabled = spec.router.enabled
+    return spec.replicas > 1 if enabled is None else enabled
+
+
+@dataclass(frozen=True)
+class RouterPlan:
+    sizing: RouterSizing
+    args: tuple[str, ...]
+    selector: dict[str, str]  # the engine pods it discovers
+
+
+def _owned(arg: str) -> str:
+    flag = arg.split("=", 1)[0]
+    return flag if flag in ROUTER_OWNED_FLAGS else ""
+
+
+def plan_router(
+    spec: SGLangHiCacheSpec, namespace: str, engine_selector: dict[str, str], pod: PodSizing,
+    problems: Problems,
+) -> RouterPlan | None:
+    """The router's sizing and command line; ``None`` when it is off."""
+    r = spec.router
+    for i, arg in enumerate(r.extra_args):
+        flag = _owned(arg)
+        if flag:
+            problems.add(f"spec.router.extraArgs[{i}]",
+                         f"{flag} is set by the operator from spec.router; remove it")
+    if not router_enabled(spec):
+        return None
+    sizing = size_router(
+        pod, attention_tp_size(spec), spec.model.attention == "mla", replicas=spec.replicas,
+        max_pods=r.tree.max_pods, chars_per_token=r.tree.chars_per_token,
+        max_size=r.tree.max_size, memory=r.resources.memory, cpu=r.resources.cpu,
+        problems=problems)
+    hc = r.health_check
+    args = [
+        "launch",
+        "--host", "0.0.0.0",
+        "--port", str(r.port),
+        "--prometheus-host", "0.0.0.0",
+        "--prometheus-port", str(r.metrics_port),
+        "--service-discovery",
+        "--selector", *(f"{k}={v}" for k, v in sorted(engine_selector.items())),
+        "--service-discovery-namespace", namespace,
+        "--service-discovery-port", str(spec.engine.port),
+        "--policy", r.policy,
+        "--cache-threshold", f"{r.cache_threshold:g}",
+        "--balance-abs-threshold", str(r.balance_abs_threshold),
+        "--balance-rel-threshold", f"{r.balance_rel_threshold:g}",
+        "--max-tree-size", str(sizing.tree_chars),
+        "--eviction-interval-secs", str(r.tree.eviction_interval_seconds),
+        "--health-check-endpoint", hc.endpoint,
+        "--health-check-interval-secs", str(hc.interval_seconds),
+        "--health-check-timeout-secs", str(hc.timeout_seconds),
+        "--health-failure-threshold", str(hc.failure_threshold),
+        "--health-success-threshold", str(hc.success_threshold),
+        *r.extra_args,
+    ]
+    return RouterPlan(sizing=sizing, args=tuple(args), selector=dict(engine_selector))
+
+
+def router_warnings(spec: SGLangHiCacheSpec, plan: RouterPlan | None) -> list[str]:
+    out: list[str] = []
+    if plan is None:
+        return out
+    s = plan.sizing
+    if s.pod_tokens is None and spec.router.tree.max_size is None \
+            and spec.router.policy == "cache_aware":
+        out.append(
+            "router: model.kvBytesPerToken is not set, so the pods' cache capacity in tokens is "
+            f"unknown and the prefix tree keeps smg's default of {s.tree_chars} characters: "
+            "prefixes the pods still hold in host memory or L3 may be routed elsewhere; set "
+            "model.kvBytesPerToken (or router.tree.maxSize)")
+    if s.capped:
+        out.append(
+            f"router: the prefix tree is cut to {s.tree_chars} characters to fit "
+            f"router.resources.memory {spec.router.resources.memory}; prefixes beyond it are "
+            "forgotten before the pods evict them")
+    if spec.router.replicas > 1 and spec.router.policy == "cache_aware":
+        out.append(
+            f"router: {spec.router.replicas} router pods each keep their own prefix tree; the "
+            "router Service uses ClientIP session affinity so one client stays on one router")
+    if spec.replicas == 1 and spec.router.enabled:
+        out.append("router: one engine pod; the router has nothing to choose between until "
+                   "replicas > 1 (kept on as asked)")
+    return out

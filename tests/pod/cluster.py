@@ -1,0 +1,306 @@
+"""A small cluster for the pod tier: the API emulator, the real operator, and a kubelet that runs
+the emulator's pods for real, each in its own network namespace.
+
+What is real: the operator (kopf, every module) reconciling a CR in the API emulator; the pods
+the emulator's StatefulSet and Deployment controllers create, run by ``Kubelet``: engine pods by
+the pod tier's runtime (``runtime.Pod``: the launcher, real SGLang 0.5.23 over real mori, the
+pod's probes, memory cgroups, hugepages), the router pod as SGLang's real model gateway (smg
+1.13.0, the router Deployment's own command and arguments); every pod in its own network
+namespace with its own IP on a bridge (``network``), so the engines all serve on the same port
+and the router reaches them by pod IP. The kubelet reports each pod's IP and readiness (its
+readiness probe) to the emulator, where the router's discovery and the operator read them.
+The emulator listens on the bridge's address, which the router pod uses as its API server
+(KUBECONFIG stands in for the service-account token a kubelet would mount). The control plane
+(emulator and operator) runs in the project venv (``control_plane.py``); this side, in the
+engine environment, talks to it over HTTP like a kubelet and a user (``Api``).
+
+What is not: the scheduler (every pod runs on one ``node.Node``; GPUs faked as there), the
+router pod's image (the smg of ``make router-env`` runs directly, without a mount namespace or
+memory cgroup), the API server (``tests/emulator``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from support.processes import stop_group
+
+from .network import PodInterface, PodNetwork, remove_stale
+from .node import Node
+from .podspec import PodMeta
+from .runtime import Image, Pod
+
+ROOT = Path(__file__).resolve().parents[2]
+SMG = ROOT / ".cache" / "bin" / "smg"
+VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
+ROUTER_NAME = "sglang-hicache-router"
+CR_PATH = "/apis/hicache.sglang.ai/v1alpha1/namespaces/{ns}/sglanghicaches"
+
+
+class Api:
+    """The few Kubernetes API calls a kubelet and a user make, over HTTP."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+
+    def request(self, method: str, path: str, body: Any = None,
+                content_type: str = "application/json") -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Content-Type": content_type})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404 and method == "GET":
+                return None
+            raise AssertionError(f"{method} {path}: {exc.code} {exc.read()[:500]!r}") from exc
+
+    def list(self, path: str, selector: str = "") -> list[dict[str, Any]]:
+        query = f"?labelSelector={urllib.parse.quote(selector)}" if selector else ""
+        return list((self.request("GET", path + query) or {}).get("items") or [])
+
+    def merge_patch(self, path: str, patch: dict[str, Any]) -> Any:
+        return self.request("PATCH", path, patch, "application/merge-patch+json")
+
+    # the CR
+    def create_cr(self, cr: dict[str, Any]) -> Any:
+        return self.request("POST", CR_PATH.format(ns=cr["metadata"]["namespace"]), cr)
+
+    def patch_cr(self, ns: str, name: str, spec: dict[str, Any]) -> Any:
+        return self.merge_patch(f"{CR_PATH.format(ns=ns)}/{name}", {"spec": spec})
+
+    def cr(self, ns: str, name: str) -> dict[str, Any]:
+        return dict(self.request("GET", f"{CR_PATH.format(ns=ns)}/{name}") or {})
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+@dataclass
+class Running:
+    name: str
+    iface: PodInterface
+    uid: str
+    pod: Pod | None = None  # an engine pod
+    proc: subprocess.Popen[bytes] | None = None  # the router pod's smg
+    ready_port: int = 0  # the router's port (its readiness endpoint)
+    ready: bool = False
+    since: str = field(default_factory=_now)
+    failed: str = ""
+    reported: dict[str, Any] = field(default_factory=dict)
+
+
+class Kubelet:
+    """Runs the emulator's pods of ``namespace`` on ``node`` and reports their status."""
+
+    def __init__(self, api: Api, network: PodNetwork, node: Node, image: Image, workdir: Path,
+                 claims: dict[str, Path], namespace: str, kubeconfig: Path) -> None:
+        self.api, self.network, self.node, self.image = api, network, node, image
+        self.workdir, self.claims, self.namespace = workdir, dict(claims), namespace
+        self.kubeconfig = kubeconfig
+        self.running: dict[str, Running] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="kubelet")
+        self._gpus = 0
+        self.paused: set[str] = set()  # pods whose engine processes are stopped (SIGSTOP)
+
+    def __enter__(self) -> Kubelet:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        for name in list(self.running):
+            self._stop_pod(name)
+
+    # ------------------------------------------------------------------ the loop
+    def _loop(self) -> None:
+        while not self._stop.wait(0.5):
+            try:
+                self.sync()
+            except Exception as exc:  # keep running; the test sees the pods' status
+                print(f"kubelet: sync failed: {type(exc).__name__}: {exc}")
+
+    def sync(self) -> None:
+        pods = {p["metadata"]["name"]: p
+                for p in self.api.list(f"/api/v1/namespaces/{self.namespace}/pods")}
+        for name in list(self.running):
+            pod = pods.get(name)
+            if pod is None or pod["metadata"]["uid"] != self.running[name].uid or \
+                    pod["metadata"].get("deletionTimestamp"):
+                self._stop_pod(name)
+        for name, pod in pods.items():
+            if name not in self.running and not pod["metadata"].get("deletionTimestamp"):
+                self._start_pod(pod)
+        for run in list(self.running.values()):
+            self._report(run)
+
+    # ------------------------------------------------------------------ pods
+    def _start_pod(self, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        iface = self.network.add_pod(meta["name"])
+        run = Running(meta["name"], iface, meta["uid"])
+        self.running[meta["name"]] = run
+        labels = meta.get("labels") or {}
+        if labels.get("app.kubernetes.io/name") == ROUTER_NAME:
+            self._start_router(run, pod)
+        else:
+            threading.Thread(target=self._start_engine, args=(run, pod), daemon=True,
+                             name=f"start-{run.name}").start()
+
+    def _start_engine(self, run: Running, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        spec = copy.deepcopy(pod["spec"])
+        spec.setdefault("hostname", meta["name"])
+        owner = next(r["name"] for r in meta["ownerReferences"] if r["kind"] == "StatefulSet")
+        sts = self.api.request(
+            "GET", f"/apis/apps/v1/namespaces/{self.namespace}/statefulsets/{owner}")
+        claims = dict(self.claims)
+        for ct in (sts or {}).get("spec", {}).get("volumeClaimTemplates", []):
+            claim = f"{ct['metadata']['name']}-{meta['name']}"
+            claims[claim] = self.workdir / "pv" / claim
+            claims[claim].mkdir(parents=True, exist_ok=True)
+            spec.setdefault("volumes", []).append(
+                {"name": ct["metadata"]["name"], "persistentVolumeClaim": {"claimName": claim}})
+        configmaps = {c["metadata"]["name"]: dict(c.get("data") or {})
+                      for c in self.api.list(f"/api/v1/namespaces/{self.namespace}/configmaps")}
+        gpus = sum(int(c.get("resources", {}).get("limits", {}).get("amd.com/gpu", 0))
+                   for c in spec.get("containers", []))
+        first, self._gpus = self._gpus, self._gpus + gpus
+        run.pod = Pod(PodMeta(name=meta["name"], namespace=self.namespace, uid=meta["uid"],
+                              pod_ip=run.iface.ip, labels=dict(meta.get("labels") or {})),
+                      spec, configmaps, self.node, self.image, self.workdir / meta["name"],
+                      claims, gpu_first=first, netns=run.iface.netns)
+        try:
+            run.pod.start()
+        except Exception as exc:
+            run.failed = f"{type(exc).__name__}: {exc}"
+
+    def _start_router(self, run: Running, pod: dict[str, Any]) -> None:
+        container = pod["spec"]["containers"][0]
+        assert container["command"] == ["smg"], container["command"]
+        args = list(container["args"])
+        run.ready_port = int(args[args.index("--port") + 1])
+        log = open(self.workdir / f"{run.name}.log", "ab")  # noqa: SIM115 (lives with it)
+        run.proc = subprocess.Popen(
+            [*run.iface.exec_prefix(), str(SMG), *args], stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True, env={**os.environ, "KUBECONFIG": str(self.kubeconfig)})
+
+    def _stop_pod(self, name: str) -> None:
+        run = self.running.pop(name)
+        if run.pod is not None:
+            run.pod.close()
+        stop_group(run.proc)
+        self.network.remove_pod(name)
+
+    def _is_ready(self, run: Running) -> bool:
+        if run.pod is not None:
+            apps = [c for c in run.pod.containers if c.role == "app"]
+            return bool(apps) and all(c.ready for c in apps)
+        if run.proc is not None and run.proc.poll() is None:
+            try:
+                url = f"http://{run.iface.ip}:{run.ready_port}/readiness"
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+        return False
+
+    def _report(self, run: Running) -> None:
+        ready = self._is_ready(run)
+        if ready != run.ready:
+            run.ready, run.since = ready, _now()
+        status = {"phase": "Running", "podIP": run.iface.ip, "podIPs": [{"ip": run.iface.ip}],
+                  "hostIP": self.network.gateway,
+                  "conditions": [{"type": "Ready", "status": str(ready),
+                                  "lastTransitionTime": run.since}]}
+        if status == run.reported:
+            return
+        with contextlib.suppress(AssertionError):  # the pod is gone: the next sync sees it
+            self.api.merge_patch(f"/api/v1/namespaces/{self.namespace}/pods/{run.name}/status",
+                                 {"status": status})
+            run.reported = status
+
+    # ------------------------------------------------------------------ test controls
+    def engine(self, name: str) -> Pod:
+        run = self.running[name]
+        assert run.pod is not None, f"{name} is not an engine pod"
+        return run.pod
+
+    def ip(self, name: str) -> str:
+        return self.running[name].iface.ip
+
+    def pause(self, name: str, stopped: bool) -> None:
+        """SIGSTOP/SIGCONT every process of an engine pod's app containers: a hung engine,
+        whose readiness probe (and the router's health check) then fails."""
+        for c in self.engine(name).containers:
+            if c.role == "app" and c.proc is not None:
+                for pid in _cgroup_pids(c.cgroup):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGSTOP if stopped else signal.SIGCONT)
+
+
+def _cgroup_pids(cgroup: Path) -> list[int]:
+    try:
+        return [int(p) for p in (cgroup / "cgroup.procs").read_text().split()]
+    except OSError:
+        return []
+
+
+@contextlib.contextmanager
+def served_cluster(workdir: Path, node: Node, image: Image, models_dir: Path,
+                   namespace: str) -> Iterator[tuple[Api, Kubelet, PodNetwork]]:
+    """A pod network, the control plane on its bridge (``control_plane.py``: the API emulator
+    and the operator watching ``namespace``), and a kubelet running its pods; yields (the API,
+    the kubelet, the network). Everything is stopped and removed afterwards."""
+    if not SMG.exists():
+        raise AssertionError(f"{SMG} missing: run `make router-env`")
+    if not VENV_PYTHON.exists():
+        raise AssertionError(f"{VENV_PYTHON} missing: run `make venv`")
+    remove_stale()
+    with contextlib.ExitStack() as stack:
+        net = stack.enter_context(PodNetwork())
+        kubeconfig = workdir / "kubeconfig"
+        log = stack.enter_context(open(workdir / "control-plane.log", "wb"))
+        plane = subprocess.Popen(
+            [str(VENV_PYTHON), str(Path(__file__).with_name("control_plane.py")), net.gateway,
+             namespace, str(kubeconfig)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=log, start_new_session=True)
+
+        def stop_plane() -> None:
+            with contextlib.suppress(OSError):
+                assert plane.stdin is not None
+                plane.stdin.close()
+            try:
+                plane.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(plane.pid, signal.SIGKILL)
+                plane.wait(10)
+        stack.callback(stop_plane)
+        assert plane.stdout is not None
+        line = plane.stdout.readline().decode().strip()
+        if not line.startswith("READY "):
+            raise AssertionError("the control plane did not start:\n"
+                                 + (workdir / "control-plane.log").read_text()[-3000:])
+        api = Api(line.split(" ", 1)[1])
+        kubelet = stack.enter_context(Kubelet(api, net, node, image, workdir,
+                                              {"tiny-models": models_dir}, namespace,
+                                              kubeconfig))
+        yield api, kubelet, net

@@ -1,0 +1,140 @@
+"""Two served replicas behind the real router, in a pod network, through the API emulator.
+
+Real: the operator reconciling the CPU example with ``router.enabled`` in the API emulator; the
+engine pods the emulator's StatefulSet controller creates, run by the pod tier (the launcher,
+SGLang 0.5.23 over real mori 1.2.4, the pod's probes), each in its own network namespace with
+its own IP, all on port 30000; the router Deployment's pod as SGLang's real model gateway (smg
+1.13.0) with exactly the arguments the planner rendered, discovering the engine pods through the
+emulator (list, watch) and reaching them by pod IP; requests sent to the router as clients
+would; hits read from each response's ``meta_info``, from every pod's ``/metrics`` and from the
+operator's ``status.cache``; a real Prometheus (Debian 2.42) with the chart's rules scraping the
+engines and the router. Emulated or faked: see ``pod.cluster`` (the API server, the scheduler,
+GPUs, the router's image) and ``support.prometheus`` (pod discovery through HTTP SD).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.prometheus import (
+    PodDiscovery,
+    PrometheusServer,
+    chart_monitoring,
+    monitoring_queries,
+    scrape_configs,
+    wait_for_series,
+)
+from support.smg import generate, healthy_worker_ips, wait_until
+
+from .cluster import served_cluster
+from .harness import load_cr
+
+pytestmark = pytest.mark.pod
+NS = "hicache-test"
+NAME = "tiny-llama"
+MODEL = "/models/tiny-llama"
+SYSTEM = " ".join(f"system{j} rule policy" for j in range(90))
+
+
+def _cr() -> dict[str, Any]:
+    cr = load_cr("cpu/tiny-llama-embedded.yaml")
+    cr["metadata"]["namespace"] = NS
+    cr["spec"]["replicas"] = 1
+    cr["spec"]["router"] = {"enabled": True, "healthCheck": {
+        "intervalSeconds": 2, "timeoutSeconds": 5, "failureThreshold": 1, "successThreshold": 1}}
+    return cr
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _status(api: Any) -> dict[str, Any]:
+    return dict(api.cr(NS, NAME).get("status") or {})
+
+
+@pytest.mark.timeout(1800)
+def test_two_replicas_behind_the_router_in_a_pod_network(
+        node: Any, image: Any, workdir: Path, models_dir: Path) -> None:
+    from hicache_operator.cachestats import scrape_cache_figures
+
+    with served_cluster(workdir, node, image, models_dir, NS) as (api, kubelet, _net):
+        api.create_cr(_cr())
+        router_pod = wait_until(lambda: next(iter(api.list(
+            f"/api/v1/namespaces/{NS}/pods", "app.kubernetes.io/name=sglang-hicache-router")),
+            None), "the router pod", 60)["metadata"]["name"]
+        wait_until(lambda: f"{NAME}-0" in kubelet.running, "pod 0 started", 60)
+        running = wait_until(lambda: kubelet.running.get(router_pod), "the router pod running")
+        router = f"http://{running.iface.ip}:30000"
+        ip0 = kubelet.ip(f"{NAME}-0")
+        wait_until(lambda: healthy_worker_ips(router) == {ip0}, "the router to route to pod 0", 900)
+
+        # One pod: a session's second turn hits.
+        first = generate(router, MODEL, SYSTEM + " user0 turn0")
+        again = generate(router, MODEL, SYSTEM + " user0 turn0 more")
+        assert again["meta_info"]["cached_tokens"] > 0, again["meta_info"]
+
+        # 1 -> 2: the new pod gets its own IP on the same port and joins the router's workers.
+        api.patch_cr(NS, NAME, {"replicas": 2})
+        wait_until(lambda: f"{NAME}-1" in kubelet.running, "pod 1 started", 60)
+        ip1 = kubelet.ip(f"{NAME}-1")
+        assert ip1 != ip0
+        wait_until(lambda: healthy_worker_ips(router) == {ip0, ip1}, "both pods routed", 900)
+        assert [m["id"] for m in _get(f"http://{ip0}:30000/v1/models")["data"]] == \
+            [m["id"] for m in _get(f"http://{ip1}:30000/v1/models")["data"]] == [MODEL]
+
+        # Sessions through the router: each one's turns stay on one pod (cache_aware) and hit.
+        responses = [first, again]
+        for turn in range(3):
+            for user in range(4):
+                responses.append(generate(router, MODEL, SYSTEM + "".join(
+                    f" user{user} turn{t} question{t}" for t in range(turn + 1))))
+        later = responses[2 + 4:]
+        assert sum(r["meta_info"]["cached_tokens"] for r in later) > 0.5 * sum(
+            r["meta_info"]["prompt_tokens"] for r in later)
+
+        # Hits: the responses, the pods' /metrics and the operator's status.cache agree.
+        prompt = sum(r["meta_info"]["prompt_tokens"] for r in responses)
+        want = {tier: sum((r["meta_info"].get("cached_tokens_details") or {}).get(tier, 0)
+                          for r in responses) / prompt for tier in ("device", "host", "storage")}
+        figures = scrape_cache_figures([f"http://{ip0}:30000", f"http://{ip1}:30000"])
+        for tier, ratio in want.items():
+            assert figures.hit_ratio(tier) == pytest.approx(ratio, abs=0.02), tier
+        wait_until(lambda: (_status(api).get("cache") or {}).get("hitRatio"), "status.cache", 120)
+        wait_until(lambda: abs(((_status(api).get("cache") or {}).get("hitRatio") or {}).get(
+            "total", -1) - sum(want.values())) <= 0.05, "status.cache to agree", 120)
+        wait_until(lambda: (_status(api).get("router") or {}).get("workers") == 2,
+              "status.router.workers 2", 60)
+
+        # A real Prometheus with the chart's rules scrapes both engines and the router: every
+        # rule and dashboard query returns series.
+        monitors, rules, dashboard = chart_monitoring(NS)
+        (workdir / "prometheus").mkdir()
+        with PodDiscovery(api.url, [NS]) as sd, PrometheusServer(
+                workdir / "prometheus", scrape_configs(monitors, sd.url, "5s"), rules) as prom:
+            # 5 s: SGLang's multiprocess /metrics can take over a second on 2 busy cores, and a
+            # scrape's timeout is its interval.
+            wait_for_series(prom, monitoring_queries(rules, dashboard), 180)
+            up = {(t["labels"]["component"], t["labels"]["pod_ip"]) for t in prom.targets()
+                  if t["health"] == "up"}
+            assert {("engine", ip0), ("engine", ip1), ("router", running.iface.ip)} <= up
+
+        # Pod 1 hangs (its processes stopped): readiness fails, the router stops routing to it.
+        kubelet.pause(f"{NAME}-1", True)
+        wait_until(lambda: healthy_worker_ips(router) == {ip0}, "pod 1 out of the router's set",
+                   300)
+        assert generate(router, MODEL, SYSTEM + " after the hang")["text"]
+        kubelet.pause(f"{NAME}-1", False)
+
+        # 2 -> 1: pod 1 goes, and with it the router's worker.
+        api.patch_cr(NS, NAME, {"replicas": 1})
+        wait_until(lambda: f"{NAME}-1" not in kubelet.running, "pod 1 stopped", 120)
+        wait_until(lambda: healthy_worker_ips(router) == {ip0}, "the router back to pod 0 only",
+                   120)
+        wait_until(lambda: (_status(api).get("router") or {}).get("workers") == 1,
+              "status.router.workers 1", 60)
