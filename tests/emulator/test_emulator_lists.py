@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from .lists import compact, serve_list
-from .store import ApiError, Store
+from .store import ApiError, ResourceType, Store
 
 pytestmark = pytest.mark.unit
 
 
-def _store() -> tuple[Store, object]:
+def _store() -> tuple[Store, ResourceType]:
     from .server import BUILTIN_TYPES
 
     store = Store()

@@ -16,7 +16,6 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
-os.environ.setdefault("SGLANG_HICACHE_RESYNC_SECONDS", "2")  # read when handlers import
 
 
 def main(host: str, namespace: str, kubeconfig: Path) -> None:
@@ -29,7 +28,10 @@ def main(host: str, namespace: str, kubeconfig: Path) -> None:
         emu.create("v1", "namespaces", {"metadata": {"name": namespace}})
         emu.write_kubeconfig(kubeconfig, namespace)
         os.environ["KUBECONFIG"] = str(kubeconfig)
-        os.environ.pop("SGLANG_HICACHE_OPERATOR_CONFIG", None)
+        # The default configuration with a 2 s resync (status.router, status.cache).
+        config = kubeconfig.with_name("operator.yaml")
+        config.write_text(yaml.safe_dump({"resyncSeconds": 2}))
+        os.environ["SGLANG_HICACHE_OPERATOR_CONFIG"] = str(config)
         with KopfRunner(["run", "--standalone", "-n", namespace, "-m",
                          "hicache_operator.controller.handlers"], timeout=60):
             emu.wait_for(lambda: any(r.watch and r.plural == "sglanghicaches"

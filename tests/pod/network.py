@@ -24,7 +24,7 @@ import subprocess
 from dataclasses import dataclass
 
 PREFIX = "shcrt"  # this tier's kernel objects (network namespaces, bridges, veths)
-SUBNET_BASE = ipaddress.ip_network("198.18.0.0/15")
+SUBNET_BASE = ipaddress.IPv4Network("198.18.0.0/15")
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
