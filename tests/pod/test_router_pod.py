@@ -111,15 +111,25 @@ def test_two_replicas_behind_the_router_in_a_pod_network(
         wait_until(lambda: (_status(api).get("router") or {}).get("workers") == 2,
               "status.router.workers 2", 60)
 
+        # Pages leave the device pools for the host pools and L3 (SGLang creates its backup
+        # counters at the first backup): fillers push the sessions out, as in test_serving_pod.
+        for i in range(4):
+            generate(router, MODEL, " ".join(f"other{i} filler{j} text" for j in range(120)))
+
         # A real Prometheus with the chart's rules scrapes both engines and the router: every
-        # rule and dashboard query returns series.
+        # rule and dashboard query returns series, except those over L3 reads, which SGLang
+        # exports only after a storage prefetch (an L3 hit after a restart: the e2e tier
+        # evaluates them on the real page captured after one, tests/fixtures/sglang-metrics).
         monitors, rules, dashboard = chart_monitoring(NS)
+        needs_l3_read = ("l3_read", "prefetch", "L3 batch bandwidth' B")
         (workdir / "prometheus").mkdir()
         with PodDiscovery(api.url, [NS]) as sd, PrometheusServer(
                 workdir / "prometheus", scrape_configs(monitors, sd.url, "5s"), rules) as prom:
             # 5 s: SGLang's multiprocess /metrics can take over a second on 2 busy cores, and a
             # scrape's timeout is its interval.
-            wait_for_series(prom, monitoring_queries(rules, dashboard), 180)
+            queries = {k: q for k, q in monitoring_queries(rules, dashboard).items()
+                       if not any(word in k or word in q for word in needs_l3_read)}
+            wait_for_series(prom, queries, 180)
             up = {(t["labels"]["component"], t["labels"]["pod_ip"]) for t in prom.targets()
                   if t["health"] == "up"}
             assert {("engine", ip0), ("engine", ip1), ("router", running.iface.ip)} <= up
