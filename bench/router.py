@@ -42,7 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from pod.cluster import served_cluster  # noqa: E402
-from pod.harness import load_cr, make_image  # noqa: E402
+from pod.harness import load_cr  # noqa: E402
+from pod.image import make_image  # noqa: E402
 from pod.node import Node  # noqa: E402
 from support.smg import generate, healthy_worker_ips, wait_until  # noqa: E402
 

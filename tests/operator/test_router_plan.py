@@ -77,7 +77,7 @@ def test_llama_mha_counts_every_attention_tp_rank_in_l3() -> None:
     p = plan(_cr("llama-3.1-70b-mi355x.yaml"), CONFIG)
     assert p.router is not None and p.router.sizing.pod_tokens is not None
     t = p.router.sizing.pod_tokens
-    assert (t.host, t.l3_dram, t.l3_ssd) == (64 * 2**30 // 81920, 256 * 2**30 // (4 * 81920),
+    assert (t.host, t.l3_dram, t.l3_ssd) == (227 * 2**30 // 81920, 256 * 2**30 // (4 * 81920),
                                             800 * 2**30 // (4 * 81920))
     assert int(_arg(p, "--max-tree-size")) == t.total * 4 * 2
 

@@ -39,10 +39,11 @@ from typing import Any
 
 from support.processes import stop_group
 
+from .image import Image
 from .network import PodInterface, PodNetwork, remove_stale
 from .node import Node
 from .podspec import PodMeta
-from .runtime import Image, Pod
+from .runtime import Pod
 
 ROOT = Path(__file__).resolve().parents[2]
 SMG = ROOT / ".cache" / "bin" / "smg"
@@ -279,10 +280,14 @@ def served_cluster(workdir: Path, node: Node, image: Image, models_dir: Path,
         net = stack.enter_context(PodNetwork())
         kubeconfig = workdir / "kubeconfig"
         log = stack.enter_context(open(workdir / "control-plane.log", "wb"))
+        from .harness import admin_config
+
+        config = admin_config(node).model_dump(by_alias=True, exclude_defaults=True,
+                                               mode="json")
         plane = subprocess.Popen(
             [str(VENV_PYTHON), str(Path(__file__).with_name("control_plane.py")), net.gateway,
-             namespace, str(kubeconfig)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=log, start_new_session=True)
+             namespace, str(kubeconfig), json.dumps(config)], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=log, start_new_session=True)
 
         def stop_plane() -> None:
             with contextlib.suppress(OSError):

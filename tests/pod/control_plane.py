@@ -2,8 +2,10 @@
 the engine environment): the API emulator listening on the pod network's bridge address, the
 chart's CRDs, the namespace, and the real operator (kopf) watching it.
 
-``python tests/pod/control_plane.py HOST NAMESPACE KUBECONFIG``: writes the kubeconfig, prints
-``READY <api url>`` once the operator watches, and runs until its standard input closes.
+``python tests/pod/control_plane.py HOST NAMESPACE KUBECONFIG [CONFIG_JSON]``: writes the
+kubeconfig, runs the operator with the operator configuration CONFIG_JSON (the admin's chart
+values, ``harness.admin_config``) and a 2 s resync, prints ``READY <api url>`` once the operator
+watches, and runs until its standard input closes.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
 
-def main(host: str, namespace: str, kubeconfig: Path) -> None:
+def main(host: str, namespace: str, kubeconfig: Path, config_json: str = "{}") -> None:
+    import json
+
     from emulator import EmulatorThread
     from kopf.testing import KopfRunner
 
@@ -28,9 +32,9 @@ def main(host: str, namespace: str, kubeconfig: Path) -> None:
         emu.create("v1", "namespaces", {"metadata": {"name": namespace}})
         emu.write_kubeconfig(kubeconfig, namespace)
         os.environ["KUBECONFIG"] = str(kubeconfig)
-        # The default configuration with a 2 s resync (status.router, status.cache).
+        # The admin's configuration with a 2 s resync (status.router, status.cache).
         config = kubeconfig.with_name("operator.yaml")
-        config.write_text(yaml.safe_dump({"resyncSeconds": 2}))
+        config.write_text(yaml.safe_dump({**json.loads(config_json), "resyncSeconds": 2}))
         os.environ["SGLANG_HICACHE_OPERATOR_CONFIG"] = str(config)
         with KopfRunner(["run", "--standalone", "-n", namespace, "-m",
                          "hicache_operator.controller.handlers"], timeout=60):
@@ -42,4 +46,4 @@ def main(host: str, namespace: str, kubeconfig: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], Path(sys.argv[3]))
+    main(sys.argv[1], sys.argv[2], Path(sys.argv[3]), *sys.argv[4:5])

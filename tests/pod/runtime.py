@@ -17,9 +17,9 @@ readiness and liveness probes with the spec's path, port, period, timeout and th
 ``preStop`` exec hooks within the grace period; restarts with CrashLoopBackOff after an exit
 or a failed liveness/startup probe; with ``netns`` (``pod.network``) the pod's own network
 namespace and IP on a bridge. What is not: the network without one (the pod IP is then
-127.0.0.1 and pods share the host's ports), CPU quotas and exclusive CPUs per container (this machine has 2
-cores, see :mod:`pod.cputopo`), image layers (the test image is the engine environment; see
-:class:`pod.image.Image`), GPUs (see :mod:`pod.node`).
+127.0.0.1 and pods share the host's ports), CPU quotas and exclusive CPUs per container
+(this machine has 2 cores, see :mod:`pod.cputopo`), image layers (the test image is the engine
+environment; see :class:`pod.image.Image`), GPUs (see :mod:`pod.node`).
 """
 
 from __future__ import annotations
