@@ -8,14 +8,13 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from e2e_lib import NAMESPACE, REPO, Cluster
-from support.smg import healthy_workers
+from support.smg import healthy_workers, worker_series
 
 SMG = REPO / ".cache" / "bin" / "smg"
 NAME = "routed"
@@ -50,14 +49,7 @@ def _healthy_workers(router_port: int) -> set[str]:
 
 
 def _worker_health(metrics_port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line.startswith('smg_worker_health{worker="'):
-            worker = line.split('"')[1]
-            out[worker] = float(line.rsplit(" ", 1)[1])
-    return out
+    return worker_series(f"http://127.0.0.1:{metrics_port}", "smg_worker_health")
 
 
 def _set_ready(cluster: Cluster, pod: str, ip: str, ready: bool) -> None:

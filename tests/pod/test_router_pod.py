@@ -28,7 +28,7 @@ from support.prometheus import (
     scrape_configs,
     wait_for_series,
 )
-from support.smg import generate, healthy_worker_ips, wait_until
+from support.smg import generate, healthy_worker_ips, wait_until, worker_series
 
 from .cluster import served_cluster
 from .harness import load_cr
@@ -54,6 +54,13 @@ def _get(url: str) -> Any:
         return json.loads(r.read())
 
 
+def _ready(api: Any, pod: str) -> str:
+    """The pod's Ready condition in the API (what the kubelet reported)."""
+    got = api.request("GET", f"/api/v1/namespaces/{NS}/pods/{pod}") or {}
+    return next((c["status"] for c in (got.get("status") or {}).get("conditions") or []
+                 if c["type"] == "Ready"), "")
+
+
 def _status(api: Any) -> dict[str, Any]:
     return dict(api.cr(NS, NAME).get("status") or {})
 
@@ -65,13 +72,16 @@ def test_two_replicas_behind_the_router_in_a_pod_network(
 
     with served_cluster(workdir, node, image, models_dir, NS) as (api, kubelet, _net):
         api.create_cr(_cr())
-        router_pod = wait_until(lambda: next(iter(api.list(
+        pod = wait_until(lambda: next(iter(api.list(
             f"/api/v1/namespaces/{NS}/pods", "app.kubernetes.io/name=sglang-hicache-router")),
-            None), "the router pod", 60)["metadata"]["name"]
+            None), "the router pod", 60)
+        router_pod, args = pod["metadata"]["name"], pod["spec"]["containers"][0]["args"]
         wait_until(lambda: f"{NAME}-0" in kubelet.running, "pod 0 started", 60)
         running = wait_until(lambda: kubelet.running.get(router_pod), "the router pod running")
-        router = f"http://{running.iface.ip}:30000"
+        router = f"http://{running.iface.ip}:{args[args.index('--port') + 1]}"
+        metrics = f"http://{running.iface.ip}:{args[args.index('--prometheus-port') + 1]}"
         ip0 = kubelet.ip(f"{NAME}-0")
+        url0 = f"http://{ip0}:30000"
         wait_until(lambda: healthy_worker_ips(router) == {ip0}, "the router to route to pod 0", 900)
 
         # One pod: a session's second turn hits.
@@ -84,16 +94,23 @@ def test_two_replicas_behind_the_router_in_a_pod_network(
         wait_until(lambda: f"{NAME}-1" in kubelet.running, "pod 1 started", 60)
         ip1 = kubelet.ip(f"{NAME}-1")
         assert ip1 != ip0
+        url1 = f"http://{ip1}:30000"
         wait_until(lambda: healthy_worker_ips(router) == {ip0, ip1}, "both pods routed", 900)
+        wait_until(lambda: worker_series(metrics, "smg_worker_health") == {url0: 1, url1: 1},
+                   "both workers healthy in the router's metrics", 60)
         assert [m["id"] for m in _get(f"http://{ip0}:30000/v1/models")["data"]] == \
             [m["id"] for m in _get(f"http://{ip1}:30000/v1/models")["data"]] == [MODEL]
 
-        # Sessions through the router: each one's turns stay on one pod (cache_aware) and hit.
+        # Sessions through the router: each one's turns stay on one pod (cache_aware, the
+        # router's own routed-worker header) and hit.
         responses = [first, again]
+        pods: dict[int, set[str]] = {}
         for turn in range(3):
             for user in range(4):
                 responses.append(generate(router, MODEL, SYSTEM + "".join(
                     f" user{user} turn{t} question{t}" for t in range(turn + 1))))
+                pods.setdefault(user, set()).add(responses[-1]["worker_ip"])
+        assert all(len(p) == 1 and p <= {ip0, ip1} for p in pods.values()), pods
         later = responses[2 + 4:]
         assert sum(r["meta_info"]["cached_tokens"] for r in later) > 0.5 * sum(
             r["meta_info"]["prompt_tokens"] for r in later)
@@ -134,11 +151,23 @@ def test_two_replicas_behind_the_router_in_a_pod_network(
                   if t["health"] == "up"}
             assert {("engine", ip0), ("engine", ip1), ("router", running.iface.ip)} <= up
 
-        # Pod 1 hangs (its processes stopped): readiness fails, the router stops routing to it.
+        # Pod 1 hangs (its processes stopped): its readiness probe fails, the kubelet reports
+        # it not Ready, and the router stops routing to it: its own worker list, its health
+        # gauge, and its per-worker request counter, which stays where it was for pod 1.
         kubelet.pause(f"{NAME}-1", True)
+        wait_until(lambda: _ready(api, f"{NAME}-1") == "False", "pod 1 not Ready in the API",
+                   300)
         wait_until(lambda: healthy_worker_ips(router) == {ip0}, "pod 1 out of the router's set",
                    300)
-        assert generate(router, MODEL, SYSTEM + " after the hang")["text"]
+        wait_until(lambda: not worker_series(metrics, "smg_worker_health").get(url1),
+                   "pod 1's worker unhealthy or gone in the router's metrics", 60)
+        before = worker_series(metrics, "smg_worker_requests_total")
+        for i in range(3):
+            out = generate(router, MODEL, SYSTEM + f" after the hang {i}")
+            assert out["text"] and out["worker_ip"] == ip0, out
+        after = worker_series(metrics, "smg_worker_requests_total")
+        assert after[url0] == before[url0] + 3, (before, after)
+        assert after.get(url1, 0) == before.get(url1, 0), (before, after)
         kubelet.pause(f"{NAME}-1", False)
 
         # 2 -> 1: pod 1 goes, and with it the router's worker.
@@ -146,5 +175,8 @@ def test_two_replicas_behind_the_router_in_a_pod_network(
         wait_until(lambda: f"{NAME}-1" not in kubelet.running, "pod 1 stopped", 120)
         wait_until(lambda: healthy_worker_ips(router) == {ip0}, "the router back to pod 0 only",
                    120)
+        wait_until(lambda: not worker_series(metrics, "smg_worker_health").get(url1),
+                   "no healthy pod 1 in the router's metrics", 120)
+        assert worker_series(metrics, "smg_worker_health").get(url0) == 1
         wait_until(lambda: (_status(api).get("router") or {}).get("workers") == 1,
               "status.router.workers 1", 60)
