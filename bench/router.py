@@ -8,35 +8,43 @@ emulator, the two engine pods run for real (launcher, SGLang 0.5.23 over real mo
 in its own network namespace on port 30000, and SGLang's real model gateway (smg 1.13.0) as
 the router pod with the arguments the planner renders, discovering the pods through the API.
 
-Workload: 8 system prompts, 3 users each, 5 turns per user (each turn's prompt is the system
-prompt, the session's earlier turns and replies, and a new question), the 24 sessions
-interleaved in a shuffled order, 1 generated token per request (its latency is the time to the
-first token). The same workload runs in each phase, on the same servers:
+Workload (``bench/router_workload.py``, its parameters printed in the output): 8 system prompts
+(an agent's instructions and tool definitions, ~530 tokens), 3 users each, 6 turns per user; each
+turn pastes a document or tool output beside a question (~310 tokens) and the server's real
+32-token answer joins the history, so a session's last prompt (~2,500 tokens) is several times
+its system prompt; the 24 sessions interleaved uniformly at random; TTFT from the stream's first
+token. The same workload runs in each phase, on the same servers:
 
 1. ``single``: every request to pod 0 directly;
 2. ``cache_aware``: through the router, its tree sized by the planner;
 3. ``round_robin``: through the router (``router.policy: round_robin``);
 4. ``small_tree``: cache_aware with the tree cut to what the engines' GPU KV pools hold
-   (``router.tree.maxSize``: 4096 tokens x 4 characters x 2 pods), the router's default view.
+   (``router.tree.maxSize``: 4096 tokens x 4 characters x 2 pods): a tree sized to the GPU alone.
 
 Each phase's texts carry the phase's own tag at the start, so no phase hits another's cache;
 before each phase the engines' radix caches are flushed (``/flush_cache``). A router change is
 a change of the CR (``spec.router``), which the operator rolls out (a new router pod, the same
 engine pods). Hit ratio = cached prompt tokens / prompt tokens, from each response's
-``meta_info`` (all tiers and per tier: device, host, storage). Last line: one JSON object.
+``meta_info`` (all tiers and per tier: device, host, storage), also by turn. Where each request
+went is the router's own answer (its ``x-smg-routed-worker-id`` header): per phase the requests
+per pod, how often a turn lands on the pod of the session's previous turn, and how often a
+request lands on another pod than the request before it (1.0: round-robin alternates per
+request). Last line: one JSON object.
 Needs root (like the pod tier) and ``make router-env``. Run: ``make bench-router``.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
-import random
 import statistics
 import sys
 import tempfile
 import urllib.request
+from collections import Counter
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -45,49 +53,68 @@ from pod.cluster import served_cluster  # noqa: E402
 from pod.harness import load_cr  # noqa: E402
 from pod.image import make_image  # noqa: E402
 from pod.node import Node  # noqa: E402
-from support.smg import generate, healthy_worker_ips, wait_until  # noqa: E402
+from router_workload import Workload  # noqa: E402
+from support.smg import generate, generate_stream, healthy_worker_ips, wait_until  # noqa: E402
 
 NS, NAME, MODEL, PORT = "hicache-bench", "tiny-llama", "/models/tiny-llama", 30000
-SYSTEMS, USERS, TURNS = 8, 3, 5
+WORKLOAD = Workload()
 SMALL_TREE = 4096 * 4 * 2  # the engines' device KV pools (4096 tokens each) in characters
+TIERS = ("device", "host", "storage")
 
 
-def workload(tag: str) -> list[tuple[int, int]]:
-    """The request order: (session, turn) pairs, sessions interleaved, the same every phase."""
-    rng = random.Random(7)
-    order: list[tuple[int, int]] = []
-    for turn in range(TURNS):
-        sessions = list(range(SYSTEMS * USERS))
-        rng.shuffle(sessions)
-        order += [(s, turn) for s in sessions]
-    return order
-
-
-def system_prompt(tag: str, i: int) -> str:
-    return f"{tag} " + " ".join(f"system{i} rule{j} policy" for j in range(60))
-
-
-def question(session: int, turn: int) -> str:
-    return " ".join(f"user{session} turn{turn} ask{j}" for j in range(25))
-
-
-def run_phase(tag: str, base: str) -> dict[str, Any]:
+def run_phase(tag: str, base: str, direct_pod: str = "") -> dict[str, Any]:
+    """The workload through ``base``; ``direct_pod``: the pod IP when ``base`` is a pod."""
+    w = WORKLOAD
     history: dict[int, str] = {}
-    responses = []
-    for session, turn in workload(tag):
+    records = []
+    for session, turn in w.order():
         if turn == 0:
-            history[session] = system_prompt(tag, session // USERS)
-        text = history[session] + " " + question(session, turn)
-        out = generate(base, MODEL, text)
+            history[session] = w.system_prompt(tag, session // w.users_per_system)
+        text = history[session] + w.user_turn(session, turn)
+        out = generate_stream(base, MODEL, text, w.answer_tokens)
         history[session] = text + out["text"]
-        responses.append(out)
-    prompt = sum(r["meta_info"]["prompt_tokens"] for r in responses)
-    tiers = {t: round(sum((r["meta_info"].get("cached_tokens_details") or {}).get(t, 0)
-                          for r in responses) / prompt, 4) for t in ("device", "host", "storage")}
-    return {"hit_ratio": round(sum(r["meta_info"]["cached_tokens"] for r in responses) / prompt,
-                               4),
-            "hit_ratio_by_tier": tiers, "requests": len(responses), "prompt_tokens": prompt,
-            "ttft_p50_s": round(statistics.median(r["latency_s"] for r in responses), 4)}
+        pod = direct_pod or str(urlsplit(out["worker"]).hostname)
+        records.append({"session": session, "turn": turn, "pod": pod, "chars": len(text),
+                        "ttft_s": out["ttft_s"], **out["meta_info"]})
+    systems = sum(len(w.system_prompt(tag, i)) for i in range(w.systems))
+    return summarize(records, sum(map(len, history.values()))
+                     - (w.users_per_system - 1) * systems)
+
+
+def _ratio(records: list[dict[str, Any]], key: str = "cached_tokens", tier: str = "") -> float:
+    prompt = sum(r["prompt_tokens"] for r in records)
+    if tier:
+        hits = sum((r.get("cached_tokens_details") or {}).get(tier, 0) for r in records)
+    else:
+        hits = sum(r[key] for r in records)
+    return round(hits / prompt, 4) if prompt else 0.0
+
+
+def summarize(records: list[dict[str, Any]], distinct_chars: int) -> dict[str, Any]:
+    """Hit ratios (all, per tier, per turn), TTFT p50 and where the requests went."""
+    last_pod: dict[int, str] = {}
+    stayed = turns_after_first = 0
+    for r in records:
+        if r["turn"] > 0:
+            turns_after_first += 1
+            stayed += last_pod[r["session"]] == r["pod"]
+        last_pod[r["session"]] = r["pod"]
+    switches = sum(a["pod"] != b["pod"] for a, b in itertools.pairwise(records))
+    return {
+        "hit_ratio": _ratio(records),
+        "hit_ratio_by_tier": {t: _ratio(records, tier=t) for t in TIERS},
+        "hit_ratio_by_turn": [_ratio([r for r in records if r["turn"] == t])
+                              for t in range(WORKLOAD.turns)],
+        "ttft_p50_s": round(statistics.median(r["ttft_s"] for r in records), 4),
+        "requests": len(records),
+        "requests_by_pod": dict(sorted(Counter(r["pod"] for r in records).items())),
+        "turn_on_previous_turns_pod": round(stayed / turns_after_first, 3),
+        "request_on_other_pod_than_previous_request": round(switches / (len(records) - 1), 3),
+        "prompt_tokens": sum(r["prompt_tokens"] for r in records),
+        "chars_per_token": round(sum(r["chars"] for r in records)
+                                 / sum(r["prompt_tokens"] for r in records), 2),
+        "distinct_chars": distinct_chars,
+    }
 
 
 def flush(ips: list[str]) -> None:
@@ -120,7 +147,9 @@ def router_for(api: Any, kubelet: Any, spec: dict[str, Any], ips: set[str]) -> t
     return wait_until(current, f"a router with {spec} routing to both pods", 900)
 
 
-def main() -> None:
+def measure() -> tuple[dict[str, dict[str, Any]], int, int]:
+    """The four phases on one pair of served pods: (results by phase, the planner's tree, the
+    small tree), in characters."""
     cr = load_cr("cpu/tiny-llama-embedded.yaml")
     cr["metadata"]["namespace"] = NS
     cr["spec"]["replicas"] = 2
@@ -132,6 +161,7 @@ def main() -> None:
                             "tree": {"evictionIntervalSeconds": 2}}
     from hicache_cpu_engine.tiny_model import make_model
 
+    results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-router-", dir="/var/tmp") as tmp:
         root = Path(tmp)
         root.chmod(0o755)
@@ -149,9 +179,8 @@ def main() -> None:
             base, planner_tree = router_for(api, kubelet, cr["spec"]["router"], set(ips))
             for ip in ips:
                 generate(f"http://{ip}:{PORT}", MODEL, "warm up")
-            results: dict[str, Any] = {}
             flush(ips)
-            results["single"] = run_phase("single", f"http://{ips[0]}:{PORT}")
+            results["single"] = run_phase("single", f"http://{ips[0]}:{PORT}", ips[0])
             flush(ips)
             results["cache_aware"] = run_phase("aware", base)
             base, _ = router_for(api, kubelet, {**cr["spec"]["router"], "policy":
@@ -164,29 +193,52 @@ def main() -> None:
                 "evictionIntervalSeconds": 2, "maxSize": SMALL_TREE}}, set(ips))
             flush(ips)
             results["small_tree"] = run_phase("small", base)
+    return results, planner_tree, small
+
+
+def _over(a: float, b: float) -> float | None:
+    return round(a / b, 3) if b else None
+
+
+def main() -> None:
+    print("workload: " + json.dumps(WORKLOAD.describe()), flush=True)
+    results, planner_tree, small = measure()
     for name, r in results.items():
-        print(f"{name:12s} hit {r['hit_ratio']:.3f} {r['hit_ratio_by_tier']} "
-              f"TTFT p50 {r['ttft_p50_s'] * 1000:.0f} ms over {r['requests']} requests")
+        print(f"{name:12s} hit {r['hit_ratio']:.3f} {r['hit_ratio_by_tier']} by turn "
+              f"{r['hit_ratio_by_turn']} TTFT p50 {r['ttft_p50_s'] * 1000:.0f} ms; "
+              f"{r['requests']} requests {r['requests_by_pod']}, turn on its previous turn's "
+              f"pod {r['turn_on_previous_turns_pod']}, request on another pod than the one "
+              f"before {r['request_on_other_pod_than_previous_request']}")
     aware, robin, single = results["cache_aware"], results["round_robin"], results["single"]
+    small_tree = results["small_tree"]
     summary = {
         "router_hit_ratio": aware["hit_ratio"],
         "round_robin_hit_ratio": robin["hit_ratio"],
         "single_replica_hit_ratio": single["hit_ratio"],
-        "router_vs_round_robin_hit": round(aware["hit_ratio"] / robin["hit_ratio"], 3)
-        if robin["hit_ratio"] else None,
-        "router_vs_single_replica_hit": round(aware["hit_ratio"] / single["hit_ratio"], 3)
-        if single["hit_ratio"] else None,
-        "router_vs_round_robin_ttft": round(aware["ttft_p50_s"] / robin["ttft_p50_s"], 3),
+        "router_vs_round_robin_hit": _over(aware["hit_ratio"], robin["hit_ratio"]),
+        "router_vs_single_replica_hit": _over(aware["hit_ratio"], single["hit_ratio"]),
+        "router_vs_round_robin_ttft": _over(aware["ttft_p50_s"], robin["ttft_p50_s"]),
+        "goals_met": {
+            "router >= 0.9x single replica": aware["hit_ratio"] >= 0.9 * single["hit_ratio"],
+            "router >= 1.5x round_robin": aware["hit_ratio"] >= 1.5 * robin["hit_ratio"]},
         "hit_ratio_by_tier": {k: v["hit_ratio_by_tier"] for k, v in results.items()},
+        "hit_ratio_by_turn": {k: v["hit_ratio_by_turn"] for k, v in results.items()},
         "ttft_p50_s": {k: v["ttft_p50_s"] for k, v in results.items()},
+        "requests_by_pod": {k: v["requests_by_pod"] for k, v in results.items()},
+        "turn_on_previous_turns_pod": {k: v["turn_on_previous_turns_pod"]
+                                       for k, v in results.items()},
+        "request_on_other_pod_than_previous_request": {
+            k: v["request_on_other_pod_than_previous_request"] for k, v in results.items()},
         "tree_size_effect": {
             "planner_tree_chars": planner_tree, "small_tree_chars": small,
+            "workload_distinct_chars": aware["distinct_chars"],
+            "chars_per_token": aware["chars_per_token"],
             "planner_tree_hit_ratio": aware["hit_ratio"],
-            "small_tree_hit_ratio": results["small_tree"]["hit_ratio"],
-            "planner_vs_small_tree_hit": round(aware["hit_ratio"]
-                                               / results["small_tree"]["hit_ratio"], 3)
-            if results["small_tree"]["hit_ratio"] else None},
-        "requests_per_phase": aware["requests"],
+            "small_tree_hit_ratio": small_tree["hit_ratio"],
+            "planner_vs_small_tree_hit": _over(aware["hit_ratio"], small_tree["hit_ratio"]),
+            "small_tree_turn_on_previous_turns_pod": small_tree["turn_on_previous_turns_pod"]},
+        "prompt_tokens_per_phase": aware["prompt_tokens"],
+        "workload": WORKLOAD.describe(),
     }
     print(json.dumps(summary))
 
