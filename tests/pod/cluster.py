@@ -2,21 +2,22 @@
 the emulator's pods for real, each in its own network namespace.
 
 What is real: the operator (kopf, every module) reconciling a CR in the API emulator; the pods
-the emulator's StatefulSet and Deployment controllers create, run by ``Kubelet``: engine pods by
-the pod tier's runtime (``runtime.Pod``: the launcher, real SGLang 0.5.23 over real mori, the
-pod's probes, memory cgroups, hugepages), the router pod as SGLang's real model gateway (smg
-1.13.0, the router Deployment's own command and arguments); every pod in its own network
-namespace with its own IP on a bridge (``network``), so the engines all serve on the same port
-and the router reaches them by pod IP. The kubelet reports each pod's IP and readiness (its
-readiness probe) to the emulator, where the router's discovery and the operator read them.
-The emulator listens on the bridge's address, which the router pod uses as its API server
-(KUBECONFIG stands in for the service-account token a kubelet would mount). The control plane
-(emulator and operator) runs in the project venv (``control_plane.py``); this side, in the
-engine environment, talks to it over HTTP like a kubelet and a user (``Api``).
+the emulator's StatefulSet and Deployment controllers create, all run by the pod tier's runtime
+(``runtime.Pod``: the pod's user, seccomp RuntimeDefault, capabilities, cpuset and memory
+cgroups, probes, restarts): engine pods from the engine image (the launcher, real SGLang 0.5.23
+over real mori, hugepages), the router pod from the router image (``router_image``: SGLang's
+real model gateway, smg 1.13.0, with the router Deployment's own command, arguments, probes,
+uid 10001 and memory limit); every pod in its own network namespace with its own IP on a
+bridge (``network``), so the engines all serve on the same port and the router reaches them by
+pod IP. The kubelet reports each pod's IP and readiness (its readiness probe) to the emulator,
+where the router's discovery and the operator read them. The emulator listens on the bridge's
+address, which the router pod uses as its API server (KUBECONFIG stands in for the
+service-account token a kubelet would mount). The control plane (emulator and operator) runs in
+the project venv (``control_plane.py``); this side, in the engine environment, talks to it over
+HTTP like a kubelet and a user (``Api``).
 
 What is not: the scheduler (every pod runs on one ``node.Node``; GPUs faked as there), the
-router pod's image (the smg of ``make router-env`` runs directly, without a mount namespace or
-memory cgroup), the API server (``tests/emulator``).
+images' read-only root filesystems, the API server (``tests/emulator``).
 """
 
 from __future__ import annotations
@@ -37,16 +38,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from support.processes import stop_group
-
 from .image import Image
 from .network import PodInterface, PodNetwork, remove_stale
 from .node import Node
 from .podspec import PodMeta
+from .router_image import make_router_image
 from .runtime import Pod
 
 ROOT = Path(__file__).resolve().parents[2]
-SMG = ROOT / ".cache" / "bin" / "smg"
 VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
 ROUTER_NAME = "sglang-hicache-router"
 CR_PATH = "/apis/hicache.sglang.ai/v1alpha1/namespaces/{ns}/sglanghicaches"
@@ -98,9 +97,8 @@ class Running:
     name: str
     iface: PodInterface
     uid: str
-    pod: Pod | None = None  # an engine pod
-    proc: subprocess.Popen[bytes] | None = None  # the router pod's smg
-    ready_port: int = 0  # the router's port (its readiness endpoint)
+    pod: Pod | None = None  # run by pod.runtime
+    router: bool = False  # a router pod (the router image), else an engine pod
     ready: bool = False
     since: str = field(default_factory=_now)
     failed: str = ""
@@ -110,11 +108,12 @@ class Running:
 class Kubelet:
     """Runs the emulator's pods of ``namespace`` on ``node`` and reports their status."""
 
-    def __init__(self, api: Api, network: PodNetwork, node: Node, image: Image, workdir: Path,
-                 claims: dict[str, Path], namespace: str, kubeconfig: Path) -> None:
+    def __init__(self, api: Api, network: PodNetwork, node: Node, image: Image,
+                 router_image: Image, workdir: Path, claims: dict[str, Path],
+                 namespace: str) -> None:
         self.api, self.network, self.node, self.image = api, network, node, image
+        self.router_image = router_image
         self.workdir, self.claims, self.namespace = workdir, dict(claims), namespace
-        self.kubeconfig = kubeconfig
         self.running: dict[str, Running] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="kubelet")
@@ -157,14 +156,12 @@ class Kubelet:
     def _start_pod(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
         iface = self.network.add_pod(meta["name"])
-        run = Running(meta["name"], iface, meta["uid"])
-        self.running[meta["name"]] = run
         labels = meta.get("labels") or {}
-        if labels.get("app.kubernetes.io/name") == ROUTER_NAME:
-            self._start_router(run, pod)
-        else:
-            threading.Thread(target=self._start_engine, args=(run, pod), daemon=True,
-                             name=f"start-{run.name}").start()
+        run = Running(meta["name"], iface, meta["uid"],
+                      router=labels.get("app.kubernetes.io/name") == ROUTER_NAME)
+        self.running[meta["name"]] = run
+        threading.Thread(target=self._start_router if run.router else self._start_engine,
+                         args=(run, pod), daemon=True, name=f"start-{run.name}").start()
 
     def _start_engine(self, run: Running, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
@@ -185,44 +182,39 @@ class Kubelet:
         gpus = sum(int(c.get("resources", {}).get("limits", {}).get("amd.com/gpu", 0))
                    for c in spec.get("containers", []))
         first, self._gpus = self._gpus, self._gpus + gpus
-        run.pod = Pod(PodMeta(name=meta["name"], namespace=self.namespace, uid=meta["uid"],
-                              pod_ip=run.iface.ip, labels=dict(meta.get("labels") or {})),
-                      spec, configmaps, self.node, self.image, self.workdir / meta["name"],
-                      claims, gpu_first=first, netns=run.iface.netns)
+        run.pod = Pod(_meta(pod, run), spec, configmaps, self.node, self.image,
+                      self.workdir / meta["name"], claims, gpu_first=first, netns=run.iface.netns)
+        self._run(run)
+
+    def _start_router(self, run: Running, pod: dict[str, Any]) -> None:
+        """The router Deployment's pod as the kubelet runs it: its own command, arguments,
+        probes, user, seccomp profile and memory limit, from the router image."""
+        spec = copy.deepcopy(pod["spec"])
+        assert [c["command"] for c in spec["containers"]] == [["smg"]], spec["containers"]
+        run.pod = Pod(_meta(pod, run), spec, {}, self.node, self.router_image,
+                      self.workdir / run.name, netns=run.iface.netns)
+        self._run(run)
+
+    @staticmethod
+    def _run(run: Running) -> None:
+        assert run.pod is not None
         try:
             run.pod.start()
         except Exception as exc:
             run.failed = f"{type(exc).__name__}: {exc}"
 
-    def _start_router(self, run: Running, pod: dict[str, Any]) -> None:
-        container = pod["spec"]["containers"][0]
-        assert container["command"] == ["smg"], container["command"]
-        args = list(container["args"])
-        run.ready_port = int(args[args.index("--port") + 1])
-        log = open(self.workdir / f"{run.name}.log", "ab")  # noqa: SIM115 (lives with it)
-        run.proc = subprocess.Popen(
-            [*run.iface.exec_prefix(), str(SMG), *args], stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, env={**os.environ, "KUBECONFIG": str(self.kubeconfig)})
-
     def _stop_pod(self, name: str) -> None:
         run = self.running.pop(name)
         if run.pod is not None:
             run.pod.close()
-        stop_group(run.proc)
         self.network.remove_pod(name)
 
     def _is_ready(self, run: Running) -> bool:
-        if run.pod is not None:
-            apps = [c for c in run.pod.containers if c.role == "app"]
-            return bool(apps) and all(c.ready for c in apps)
-        if run.proc is not None and run.proc.poll() is None:
-            try:
-                url = f"http://{run.iface.ip}:{run.ready_port}/readiness"
-                with urllib.request.urlopen(url, timeout=2) as r:
-                    return r.status == 200
-            except OSError:
-                return False
-        return False
+        """Every app container's readiness probe passes (the pod's Ready condition)."""
+        if run.pod is None:
+            return False
+        apps = [c for c in run.pod.containers if c.role == "app"]
+        return bool(apps) and all(c.ready for c in apps)
 
     def _report(self, run: Running) -> None:
         ready = self._is_ready(run)
@@ -242,7 +234,7 @@ class Kubelet:
     # ------------------------------------------------------------------ test controls
     def engine(self, name: str) -> Pod:
         run = self.running[name]
-        assert run.pod is not None, f"{name} is not an engine pod"
+        assert run.pod is not None and not run.router, f"{name} is not a running engine pod"
         return run.pod
 
     def ip(self, name: str) -> str:
@@ -258,6 +250,19 @@ class Kubelet:
                         os.kill(pid, signal.SIGSTOP if stopped else signal.SIGCONT)
 
 
+def _meta(pod: dict[str, Any], run: Running) -> PodMeta:
+    meta = pod["metadata"]
+    return PodMeta(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"],
+                   pod_ip=run.iface.ip, labels=dict(meta.get("labels") or {}))
+
+
+def _subdir(parent: Path, name: str) -> Path:
+    d = parent / name
+    d.mkdir(parents=True, exist_ok=True)
+    os.chmod(d, 0o755)
+    return d
+
+
 def _cgroup_pids(cgroup: Path) -> list[int]:
     try:
         return [int(p) for p in (cgroup / "cgroup.procs").read_text().split()]
@@ -271,8 +276,6 @@ def served_cluster(workdir: Path, node: Node, image: Image, models_dir: Path,
     """A pod network, the control plane on its bridge (``control_plane.py``: the API emulator
     and the operator watching ``namespace``), and a kubelet running its pods; yields (the API,
     the kubelet, the network). Everything is stopped and removed afterwards."""
-    if not SMG.exists():
-        raise AssertionError(f"{SMG} missing: run `make router-env`")
     if not VENV_PYTHON.exists():
         raise AssertionError(f"{VENV_PYTHON} missing: run `make venv`")
     remove_stale()
@@ -305,7 +308,7 @@ def served_cluster(workdir: Path, node: Node, image: Image, models_dir: Path,
             raise AssertionError("the control plane did not start:\n"
                                  + (workdir / "control-plane.log").read_text()[-3000:])
         api = Api(line.split(" ", 1)[1])
-        kubelet = stack.enter_context(Kubelet(api, net, node, image, workdir,
-                                              {"tiny-models": models_dir}, namespace,
-                                              kubeconfig))
+        router_image = make_router_image(_subdir(workdir, "router-image"), kubeconfig)
+        kubelet = stack.enter_context(Kubelet(api, net, node, image, router_image, workdir,
+                                              {"tiny-models": models_dir}, namespace))
         yield api, kubelet, net

@@ -1,15 +1,19 @@
 """Two served replicas behind the real router, in a pod network, through the API emulator.
 
 Real: the operator reconciling the CPU example with ``router.enabled`` in the API emulator; the
-engine pods the emulator's StatefulSet controller creates, run by the pod tier (the launcher,
-SGLang 0.5.23 over real mori 1.2.4, the pod's probes), each in its own network namespace with
-its own IP, all on port 30000; the router Deployment's pod as SGLang's real model gateway (smg
-1.13.0) with exactly the arguments the planner rendered, discovering the engine pods through the
-emulator (list, watch) and reaching them by pod IP; requests sent to the router as clients
-would; hits read from each response's ``meta_info``, from every pod's ``/metrics`` and from the
-operator's ``status.cache``; a real Prometheus (Debian 2.42) with the chart's rules scraping the
-engines and the router. Emulated or faked: see ``pod.cluster`` (the API server, the scheduler,
-GPUs, the router's image) and ``support.prometheus`` (pod discovery through HTTP SD).
+engine pods the emulator's StatefulSet controller creates, run by the strict pod tier (the
+launcher, SGLang 0.5.23 over real mori 1.2.4, the pod's probes, uid 10001, seccomp
+RuntimeDefault, no ambient capabilities, cpuset and memory cgroups), each in its own network
+namespace with its own IP, all on port 30000; the router Deployment's pod, run by the same tier
+from the router image's stand-in, as SGLang's real model gateway (smg 1.13.0) with exactly the
+command, arguments, probes, user and memory limit the planner rendered, discovering the engine
+pods through the emulator (list, watch) and reaching them by pod IP; requests sent to the router
+as clients would; which pod served each one from the router's own header, worker list and
+metrics; hits read from each response's ``meta_info``, from every pod's ``/metrics`` and from
+the operator's ``status.cache``; a real Prometheus (Debian 2.42) with the chart's rules
+scraping the engines and the router. Emulated or faked: see ``pod.cluster`` (the API server,
+the scheduler, GPUs, the images' read-only root filesystems) and ``support.prometheus`` (pod
+discovery through HTTP SD).
 """
 
 from __future__ import annotations
