@@ -53,7 +53,7 @@ from pod.cluster import served_cluster  # noqa: E402
 from pod.harness import load_cr  # noqa: E402
 from pod.image import make_image  # noqa: E402
 from pod.node import Node  # noqa: E402
-from router_workload import Workload  # noqa: E402
+from router_workload import Workload, ideal_hits, model_routing  # noqa: E402
 from support.smg import generate, generate_stream, healthy_worker_ips, wait_until  # noqa: E402
 
 NS, NAME, MODEL, PORT = "hicache-bench", "tiny-llama", "/models/tiny-llama", 30000
@@ -67,6 +67,7 @@ def run_phase(tag: str, base: str, direct_pod: str = "") -> dict[str, Any]:
     w = WORKLOAD
     history: dict[int, str] = {}
     records = []
+    routed: list[tuple[str, str, str]] = []  # (pod, prompt, prompt + answer) for ideal_hits
     for session, turn in w.order():
         if turn == 0:
             history[session] = w.system_prompt(tag, session // w.users_per_system)
@@ -74,11 +75,14 @@ def run_phase(tag: str, base: str, direct_pod: str = "") -> dict[str, Any]:
         out = generate_stream(base, MODEL, text, w.answer_tokens)
         history[session] = text + out["text"]
         pod = direct_pod or str(urlsplit(out["worker"]).hostname)
+        routed.append((pod, text, history[session]))
         records.append({"session": session, "turn": turn, "pod": pod, "chars": len(text),
+                        "system_chars": len(w.system_prompt(tag, session // w.users_per_system)),
                         "ttft_s": out["ttft_s"], **out["meta_info"]})
     systems = sum(len(w.system_prompt(tag, i)) for i in range(w.systems))
-    return summarize(records, sum(map(len, history.values()))
-                     - (w.users_per_system - 1) * systems)
+    return {**summarize(records, sum(map(len, history.values()))
+                        - (w.users_per_system - 1) * systems),
+            "ideal_hit_ratio_chars": ideal_hits(routed)}
 
 
 def _ratio(records: list[dict[str, Any]], key: str = "cached_tokens", tier: str = "") -> float:
@@ -114,6 +118,8 @@ def summarize(records: list[dict[str, Any]], distinct_chars: int) -> dict[str, A
         "chars_per_token": round(sum(r["chars"] for r in records)
                                  / sum(r["prompt_tokens"] for r in records), 2),
         "distinct_chars": distinct_chars,
+        "system_prompt_share_chars": round(sum(r["system_chars"] for r in records)
+                                           / sum(r["chars"] for r in records), 4),
     }
 
 
@@ -208,8 +214,11 @@ def main() -> None:
               f"{r['hit_ratio_by_turn']} TTFT p50 {r['ttft_p50_s'] * 1000:.0f} ms; "
               f"{r['requests']} requests {r['requests_by_pod']}, turn on its previous turn's "
               f"pod {r['turn_on_previous_turns_pod']}, request on another pod than the one "
-              f"before {r['request_on_other_pod_than_previous_request']}")
+              f"before {r['request_on_other_pod_than_previous_request']}; unbounded-cache "
+              f"hit for this routing {r['ideal_hit_ratio_chars']:.3f} (chars)")
     aware, robin, single = results["cache_aware"], results["round_robin"], results["single"]
+    model = {f"{policy}_{pods}_pods": model_routing(WORKLOAD, pods, policy)
+             for pods in (2, 4) for policy in ("sticky", "round_robin")}
     small_tree = results["small_tree"]
     summary = {
         "router_hit_ratio": aware["hit_ratio"],
@@ -237,6 +246,12 @@ def main() -> None:
             "small_tree_hit_ratio": small_tree["hit_ratio"],
             "planner_vs_small_tree_hit": _over(aware["hit_ratio"], small_tree["hit_ratio"]),
             "small_tree_turn_on_previous_turns_pod": small_tree["turn_on_previous_turns_pod"]},
+        # What routing alone can change, with no cache evicting: each phase's requests as
+        # routed, against an unbounded prefix cache per pod (characters), and the workload
+        # modelled over 2 and 4 pods, round-robin vs the best sticky prefix router.
+        "ideal_hit_ratio_chars": {k: v["ideal_hit_ratio_chars"] for k, v in results.items()},
+        "system_prompt_share_chars": aware["system_prompt_share_chars"],
+        "model_unbounded_cache": model,
         "prompt_tokens_per_phase": aware["prompt_tokens"],
         "workload": WORKLOAD.describe(),
     }

@@ -92,3 +92,62 @@ class Workload:
                              f"status={rng.choice(STATUS)} took={rng.randrange(1000)}ms")
         return (f"\nUser {session}: {question}?\n<{tool} output>\n" + "\n".join(lines)
                 + f"\n</{tool} output>\nAssistant:")
+
+
+def common_prefix(a: str, b: str) -> int:
+    """Length of the longest common prefix of ``a`` and ``b`` (binary search over slices)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def ideal_hits(requests: list[tuple[str, str, str]]) -> float:
+    """The character hit ratio an unbounded prefix cache on every pod would give for the
+    requests as routed: ``(pod, prompt, prompt + answer)`` in arrival order; a request hits the
+    longest prefix it shares with anything its pod has already seen (prompt and answer). What
+    the engines' caches cannot exceed for that routing (up to the page granularity and the
+    tokenizer), so it tells a routing's cost apart from the engines' own misses."""
+    seen: dict[str, list[str]] = {}
+    hit = total = 0
+    for pod, prompt, after in requests:
+        hit += max((common_prefix(prompt, c) for c in seen.get(pod, [])), default=0)
+        total += len(prompt)
+        seen.setdefault(pod, []).append(after)
+    return round(hit / total, 4) if total else 0.0
+
+
+def model_routing(w: Workload, pods: int, policy: str, answer_words: int = 24) -> float:
+    """``ideal_hits`` for the workload routed to ``pods`` pods by ``policy`` (``round_robin``:
+    the n-th request to pod n mod pods, as smg's round robin; ``sticky``: every turn of a
+    session on the pod its first turn went to, the first turn to the pod that holds the longest
+    prefix of it, else the pod with fewest sessions: the best a prefix router can do), with
+    random answers of ``answer_words`` words (about the bench's 32 tokens). A model, not a
+    measurement: it shows what routing alone can change when no pod's cache evicts."""
+    history: dict[int, str] = {}
+    home: dict[int, int] = {}
+    seen: dict[int, list[str]] = {p: [] for p in range(pods)}
+    requests: list[tuple[str, str, str]] = []
+    for n, (session, turn) in enumerate(w.order()):
+        if turn == 0:
+            history[session] = w.system_prompt("model", session // w.users_per_system)
+        text = history[session] + w.user_turn(session, turn)
+        if policy == "round_robin":
+            pod = n % pods
+        else:
+            if session not in home:
+                home[session] = max(range(pods), key=lambda p: (
+                    max((common_prefix(text, c) for c in seen[p]), default=0),
+                    -sum(h == p for h in home.values())))
+            pod = home[session]
+        rng = random.Random(f"{w.seed}/answer/{session}/{turn}")
+        history[session] = text + " " + " ".join(
+            rng.choice(WORDS) for _ in range(answer_words))
+        seen[pod].append(history[session])
+        requests.append((str(pod), text, history[session]))
+    return ideal_hits(requests)
+
