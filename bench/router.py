@@ -40,6 +40,7 @@ import json
 import statistics
 import sys
 import tempfile
+import time
 import urllib.request
 from collections import Counter
 from pathlib import Path
@@ -153,6 +154,25 @@ def router_for(api: Any, kubelet: Any, spec: dict[str, Any], ips: set[str]) -> t
     return wait_until(current, f"a router with {spec} routing to both pods", 900)
 
 
+def report(name: str, r: dict[str, Any]) -> None:
+    print(f"{name:12s} hit {r['hit_ratio']:.3f} {r['hit_ratio_by_tier']} by turn "
+          f"{r['hit_ratio_by_turn']} TTFT p50 {r['ttft_p50_s'] * 1000:.0f} ms; "
+          f"{r['requests']} requests {r['requests_by_pod']}, turn on its previous turn's "
+          f"pod {r['turn_on_previous_turns_pod']}, request on another pod than the one "
+          f"before {r['request_on_other_pod_than_previous_request']}; unbounded-cache "
+          f"hit for this routing {r['ideal_hit_ratio_chars']:.3f} (chars)", flush=True)
+
+
+def phase(t0: float, name: str, tag: str, base: str, direct_pod: str = "") -> dict[str, Any]:
+    """One phase, its line printed as soon as it ends (with the time since the start)."""
+    start = time.monotonic()
+    r = run_phase(tag, base, direct_pod)
+    report(name, r)
+    print(f"{name:12s} took {time.monotonic() - start:.0f} s (at {time.monotonic() - t0:.0f} s)",
+          flush=True)
+    return r
+
+
 def measure() -> tuple[dict[str, dict[str, Any]], int, int]:
     """The four phases on one pair of served pods: (results by phase, the planner's tree, the
     small tree), in characters."""
@@ -168,6 +188,7 @@ def measure() -> tuple[dict[str, dict[str, Any]], int, int]:
     from hicache_cpu_engine.tiny_model import make_model
 
     results: dict[str, dict[str, Any]] = {}
+    t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-router-", dir="/var/tmp") as tmp:
         root = Path(tmp)
         root.chmod(0o755)
@@ -183,22 +204,24 @@ def measure() -> tuple[dict[str, dict[str, Any]], int, int]:
                        "two pods")
             ips = [kubelet.ip(f"{NAME}-{i}") for i in range(2)]
             base, planner_tree = router_for(api, kubelet, cr["spec"]["router"], set(ips))
+            print(f"two pods behind the router at {time.monotonic() - t0:.0f} s", flush=True)
             for ip in ips:
                 generate(f"http://{ip}:{PORT}", MODEL, "warm up")
             flush(ips)
-            results["single"] = run_phase("single", f"http://{ips[0]}:{PORT}", ips[0])
+            results["single"] = phase(t0, "single", "single", f"http://{ips[0]}:{PORT}",
+                                      ips[0])
             flush(ips)
-            results["cache_aware"] = run_phase("aware", base)
+            results["cache_aware"] = phase(t0, "cache_aware", "aware", base)
             base, _ = router_for(api, kubelet, {**cr["spec"]["router"], "policy":
                                                 "round_robin"}, set(ips))
             flush(ips)
-            results["round_robin"] = run_phase("robin", base)
+            results["round_robin"] = phase(t0, "round_robin", "robin", base)
             # spec.router is merge-patched: say the policy again (round_robin stays otherwise).
             base, small = router_for(api, kubelet, {**cr["spec"]["router"], "policy":
                                                     "cache_aware", "tree": {
                 "evictionIntervalSeconds": 2, "maxSize": SMALL_TREE}}, set(ips))
             flush(ips)
-            results["small_tree"] = run_phase("small", base)
+            results["small_tree"] = phase(t0, "small_tree", "small", base)
     return results, planner_tree, small
 
 
@@ -209,13 +232,6 @@ def _over(a: float, b: float) -> float | None:
 def main() -> None:
     print("workload: " + json.dumps(WORKLOAD.describe()), flush=True)
     results, planner_tree, small = measure()
-    for name, r in results.items():
-        print(f"{name:12s} hit {r['hit_ratio']:.3f} {r['hit_ratio_by_tier']} by turn "
-              f"{r['hit_ratio_by_turn']} TTFT p50 {r['ttft_p50_s'] * 1000:.0f} ms; "
-              f"{r['requests']} requests {r['requests_by_pod']}, turn on its previous turn's "
-              f"pod {r['turn_on_previous_turns_pod']}, request on another pod than the one "
-              f"before {r['request_on_other_pod_than_previous_request']}; unbounded-cache "
-              f"hit for this routing {r['ideal_hit_ratio_chars']:.3f} (chars)")
     aware, robin, single = results["cache_aware"], results["round_robin"], results["single"]
     model = {f"{policy}_{pods}_pods": model_routing(WORKLOAD, pods, policy)
              for pods in (2, 4) for policy in ("sticky", "round_robin")}
