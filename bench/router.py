@@ -29,7 +29,10 @@ engine pods). Hit ratio = cached prompt tokens / prompt tokens, from each respon
 went is the router's own answer (its ``x-smg-routed-worker-id`` header): per phase the requests
 per pod, how often a turn lands on the pod of the session's previous turn, and how often a
 request lands on another pod than the request before it (1.0: round-robin alternates per
-request). Last line: one JSON object.
+request). What routing alone can change: per phase, the hit ratio an unbounded prefix cache on
+each pod would give for the requests as routed (``router_workload.ideal_hits``, characters), the
+system prompts' share of the prompts, and the workload modelled over 2 and 4 pods
+(``model_routing``). Last line: one JSON object.
 Needs root (like the pod tier) and ``make router-env``. Run: ``make bench-router``.
 """
 
