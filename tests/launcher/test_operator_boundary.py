@@ -63,18 +63,37 @@ def listeners() -> Iterator[list[socket.socket]]:
         s.close()
 
 
+def _resolved_env(configmap: dict[str, Any], sts: dict[str, Any],
+                  engine: dict[str, Any]) -> dict[str, str]:
+    """The engine container's environment as a kubelet resolves it at container start:
+    ``envFrom`` the ConfigMap, then ``env`` (values, and fieldRefs to pod annotations)."""
+    env = dict(configmap["data"])
+    annotations = sts["spec"]["template"]["metadata"]["annotations"]
+    for e in engine.get("env", []):
+        path = ((e.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath", "")
+        if "value" in e:
+            env[e["name"]] = e["value"]
+        elif path.startswith("metadata.annotations['"):
+            env[e["name"]] = annotations[path[len("metadata.annotations['"):-2]]
+    return env
+
+
+@pytest.mark.parametrize("strategy", ["RollingUpdate", "InPlaceIfPossible"])
 @pytest.mark.parametrize("example", EXAMPLES, ids=[e.stem for e in EXAMPLES])
 def test_planner_output_gives_a_coherent_launch(
-    example: Path, tmp_path: Path, listeners: list[socket.socket],
+    example: Path, strategy: str, tmp_path: Path, listeners: list[socket.socket],
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    p = plan(yaml.safe_load(example.read_text()), OperatorConfig())
+    """With InPlaceIfPossible the ConfigMap holds configuration revisions and the pod selects
+    one by its annotation (``launch.revision``): the launch must be the very same."""
+    cr = yaml.safe_load(example.read_text())
+    cr["spec"]["updateStrategy"] = {"type": strategy}
+    p = plan(cr, OperatorConfig())
     configmap, sts = _objects(p)
     pod = sts["spec"]["template"]["spec"]
     engine = next(c for c in pod["containers"] if c["name"] == "engine")
     assert engine["command"] == ["python", "-m", "hicache_umbp.launch"]
-    env = dict(configmap["data"])
-    env.update({e["name"]: e["value"] for e in engine.get("env", []) if "value" in e})
+    env = _resolved_env(configmap, sts, engine)
 
     # The node as the pod sees it: its GPUs, its hugetlb limits, enough free pages.
     node = FakeNode(tmp_path / "node")
@@ -110,6 +129,9 @@ def test_planner_output_gives_a_coherent_launch(
     launched = json.loads(out.out)
     report = launched["report"]
     assert report["ok"] is True and report["warnings"] == []
+    annotations = sts["spec"]["template"]["metadata"]["annotations"]
+    assert report["config_revision"] == (annotations["hicache.sglang.ai/config-hash"]
+                                         if strategy == "InPlaceIfPossible" else None)
     assert report["numa_per_rank"] == [i // 4 for i in range(gpus)]
 
     # The same SGLang command the operator shows, plus only what the node resolved.

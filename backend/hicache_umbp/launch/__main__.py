@@ -14,6 +14,7 @@ from .command import shell_quote
 from .errors import LaunchError
 from .noderoot import NodeRoot
 from .report import new_report, write_report
+from .revision import select_revision, start_watcher
 from .run import LaunchPlan, plan_launch
 
 log = logging.getLogger("hicache_umbp.launch")
@@ -65,7 +66,13 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     root = NodeRoot(args.node_root)
     report = new_report(args.dry_run)
     report_path = env.get(BY_KEY["report_path"].env) or str(BY_KEY["report_path"].default)
+    revision = None
     try:
+        env, revision = select_revision(env)
+        report_path = env.get(BY_KEY["report_path"].env) or report_path
+        if revision is not None:
+            report["config_revision"] = revision
+            log.info("configuration revision %s", revision)
         plan = plan_launch(env, root, dry_run=args.dry_run, report=report)
     except LaunchError as e:
         report["reason"], report["error"] = e.reason, str(e)
@@ -83,6 +90,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     log.info("report: %s; exec SGLang", path)
     sys.stdout.flush()
     sys.stderr.flush()
+    if revision is not None:
+        start_watcher(root, revision)  # restarts the engine when the pod's revision changes
     os.execve(plan.command.argv[0], list(plan.command.argv), plan.child_env)
     return 0  # not reached
 

@@ -30,6 +30,7 @@ def new_report(dry_run: bool) -> dict[str, Any]:
         "reason": None,
         "error": None,
         "dry_run": dry_run,
+        "config_revision": None,  # with updateStrategy InPlaceIfPossible (launch.revision)
         "gpus": [],
         "numa_per_rank": [],
         "numa_placement": None,

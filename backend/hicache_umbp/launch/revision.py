@@ -1,0 +1,178 @@
+"""Engine configuration revisions: how a running pod takes a new configuration in place.
+
+With ``updateStrategy: InPlaceIfPossible`` the operator cannot change a running pod's env (a
+Pod's ``env``/``envFrom`` are immutable), so the pod's configuration is chosen at each engine
+container start instead:
+
+- the ConfigMap holds one key per live revision, ``HICACHE_CONFIG_<revision>``: a JSON object
+  of the engine's environment (the ``HICACHE_*`` settings and the user's literal env), loaded
+  with ``envFrom``; the kubelet resolves ``envFrom`` again at every container start;
+- the pod's annotation ``hicache.sglang.ai/config-hash`` names the revision the pod runs; the
+  engine container reads it through ``HICACHE_CONFIG_REVISION`` (``valueFrom.fieldRef``
+  ``metadata.annotations['hicache.sglang.ai/config-hash']``, also resolved at every start);
+- pod annotations are mutable: the operator patches the annotation (and the engine image, for
+  an image change, which makes the kubelet restart the container at once);
+- a config-only change restarts nothing by itself, so the launcher leaves a watcher behind when
+  it execs SGLang: it reads the pod's annotations from a downward API volume (the kubelet
+  rewrites that file when the annotations change; conformance test "Downward API volume should
+  update annotations on modification") and, when the revision differs from the one this
+  container started with, stops the engine (SIGTERM, as the kubelet's own stop does); the
+  kubelet restarts the container (``restartPolicy: Always``) and the new one starts on the new
+  revision. The sidecars, volumes, hugepages and the pod itself are untouched.
+
+:func:`select_revision` turns the container's environment into the plain ``HICACHE_*``
+environment the rest of the launcher reads (the revision keys are removed). Without
+``HICACHE_CONFIG_REVISION`` (every other update strategy) the environment is used as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping
+
+from .errors import LaunchError
+from .noderoot import NodeRoot
+
+log = logging.getLogger("hicache_umbp.launch")
+
+#: The pod annotation naming the configuration revision the pod runs.
+CONFIG_ANNOTATION = "hicache.sglang.ai/config-hash"
+#: The engine container's variable holding that annotation (resolved at container start).
+CONFIG_REVISION_ENV = "HICACHE_CONFIG_REVISION"
+#: ConfigMap keys (so variables under ``envFrom``) holding one revision's environment each.
+CONFIG_KEY_PREFIX = "HICACHE_CONFIG_"
+#: Where the engine container mounts the pod's annotations (a downward API volume).
+POD_INFO_DIR = "/var/run/hicache-pod"
+ANNOTATIONS_FILE = f"{POD_INFO_DIR}/annotations"
+#: How often the watcher reads the annotations file, and how long the engine gets to stop on
+#: SIGTERM before SIGKILL (the pod's terminationGracePeriodSeconds is 120).
+WATCH_INTERVAL_S = 1.0
+STOP_GRACE_S = 110.0
+
+
+def config_key(revision: str) -> str:
+    return f"{CONFIG_KEY_PREFIX}{revision}"
+
+
+def _is_revision_key(name: str) -> bool:
+    return name == CONFIG_REVISION_ENV or name.startswith(CONFIG_KEY_PREFIX)
+
+
+def select_revision(env: Mapping[str, str]) -> tuple[dict[str, str], str | None]:
+    """(the environment of the revision the pod runs, that revision or None).
+
+    Raises :class:`LaunchError` (``InvalidConfig``) when the ConfigMap has no such revision or
+    its value is not a JSON object of strings.
+    """
+    plain = {k: v for k, v in env.items() if not _is_revision_key(k)}
+    revision = env.get(CONFIG_REVISION_ENV)
+    if revision is None:
+        return plain, None
+    known = sorted(k[len(CONFIG_KEY_PREFIX):] for k in env
+                   if k.startswith(CONFIG_KEY_PREFIX) and k != CONFIG_REVISION_ENV)
+    if not revision:
+        raise LaunchError("InvalidConfig", f"{CONFIG_REVISION_ENV} is empty: the pod has no "
+                          f"{CONFIG_ANNOTATION} annotation (ConfigMap revisions: {known})")
+    raw = env.get(config_key(revision))
+    if raw is None:
+        raise LaunchError("InvalidConfig", f"the pod runs configuration revision {revision} "
+                          f"({CONFIG_ANNOTATION}) but the ConfigMap has no "
+                          f"{config_key(revision)}; it holds {known or 'none'}")
+    try:
+        values = json.loads(raw)
+    except ValueError as e:
+        raise LaunchError("InvalidConfig", f"{config_key(revision)} is not JSON: {e}") from e
+    if not isinstance(values, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in values.items()):
+        raise LaunchError("InvalidConfig",
+                          f"{config_key(revision)} must be a JSON object of strings")
+    bad = sorted(k for k in values if _is_revision_key(k))
+    if bad:
+        raise LaunchError("InvalidConfig", f"{config_key(revision)} may not set {bad}")
+    return {**plain, **values}, revision
+
+
+def parse_annotations(text: str) -> dict[str, str]:
+    """A downward API ``metadata.annotations`` file: ``key="value"`` lines (Go ``%q``)."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, quoted = line.partition("=")
+        if not sep:
+            continue
+        value = quoted
+        if len(quoted) >= 2 and quoted[0] == quoted[-1] == '"':
+            try:
+                value = json.loads(quoted)
+            except ValueError:
+                value = quoted[1:-1]
+        out[key] = value
+    return out
+
+
+def annotated_revision(root: NodeRoot, path: str = ANNOTATIONS_FILE) -> str | None:
+    """The revision the pod's annotation names now (None: no file or no annotation)."""
+    text = root.read_text(path)
+    return None if text is None else parse_annotations(text).get(CONFIG_ANNOTATION)
+
+
+def watch_revision(root: NodeRoot, started: str, engine_pid: int, *,
+                   path: str = ANNOTATIONS_FILE, interval_s: float = WATCH_INTERVAL_S,
+                   grace_s: float = STOP_GRACE_S,
+                   alive: Callable[[int], bool] | None = None,
+                   kill: Callable[[int, int], None] = os.kill,
+                   sleep: Callable[[float], None] = time.sleep) -> str:
+    """Wait until the pod's annotation names another revision than ``started``, then stop the
+    engine (SIGTERM; SIGKILL after ``grace_s``). Returns the new revision, or ``""`` when the
+    engine ended first. A missing file or annotation is not a change (a volume being updated
+    is replaced atomically, so a read never sees half a file)."""
+    def running(pid: int) -> bool:
+        # The engine is this watcher's parent: once it ends the watcher is re-parented (an
+        # ended engine's pid may linger as a zombie, so kill(pid, 0) would not tell).
+        return alive(pid) if alive is not None else os.getppid() == pid
+
+    while True:
+        if not running(engine_pid):
+            return ""
+        now = annotated_revision(root, path)
+        if now and now != started:
+            break
+        sleep(interval_s)
+    log.warning("configuration revision changed from %s to %s (%s): stopping the engine so "
+                "the kubelet restarts it on the new revision", started, now, CONFIG_ANNOTATION)
+    kill(engine_pid, signal.SIGTERM)
+    waited = 0.0
+    while running(engine_pid) and waited < grace_s:
+        sleep(interval_s)
+        waited += interval_s
+    if running(engine_pid):
+        log.warning("the engine did not stop within %.0f s of SIGTERM: SIGKILL", grace_s)
+        kill(engine_pid, signal.SIGKILL)
+    return now
+
+
+def start_watcher(root: NodeRoot, started: str, path: str = ANNOTATIONS_FILE) -> int | None:
+    """Fork the watcher for the process about to exec the engine (this process's pid is the
+    engine's after ``execve``). Returns the watcher's pid in the parent; never returns in the
+    child. None when the pod has no annotations file (no downward API volume mounted)."""
+    if not root.exists(path):
+        log.warning("%s is missing: a new configuration revision will not restart the "
+                    "engine by itself", path)
+        return None
+    engine_pid = os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 0
+    try:  # the child: never return into the launcher
+        watch_revision(root, started, engine_pid, path=path)
+    except BaseException:
+        log.exception("the configuration watcher failed")
+        code = 1
+    finally:
+        sys.stderr.flush()
+        os._exit(code)
