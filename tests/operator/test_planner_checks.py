@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from hicache_operator.api.config import NodeFacts, OperatorConfig
+from hicache_operator.api.k8s import ROLLING_UPDATE_TYPES_MESSAGE
 from hicache_operator.api.quantity import parse_bytes
 from hicache_operator.controller.kube import PERMISSIONS
 from hicache_operator.plan import plan, render_summary
@@ -212,6 +213,9 @@ def test_a_model_path_outside_the_model_volume_is_flagged(path: str, warned: boo
     ({"type": "OnDelete"}, {"type": "OnDelete"}),
     ({"rollingUpdate": {"partition": 1, "maxUnavailable": "50%"}},
      {"type": "RollingUpdate", "rollingUpdate": {"partition": 1, "maxUnavailable": "50%"}}),
+    # In place: the operator rolls the pods; the StatefulSet controller is held off them all.
+    ({"type": "InPlaceIfPossible", "rollingUpdate": {"partition": 1, "maxUnavailable": 2}},
+     {"type": "RollingUpdate", "rollingUpdate": {"partition": 2}}),
 ])
 def test_update_strategy_is_rendered_with_a_safe_default(
         strategy: dict[str, Any] | None, rendered: dict[str, Any]) -> None:
@@ -228,7 +232,7 @@ def test_update_strategy_is_rendered_with_a_safe_default(
 def test_update_strategy_mistakes_are_refused() -> None:
     problems = _problems(_cr("minimal-dram-only.yaml", lambda s: s.update(
         updateStrategy={"type": "OnDelete", "rollingUpdate": {"partition": 1}})))
-    assert ("spec.updateStrategy", "rollingUpdate applies to type RollingUpdate only") in problems
+    assert ("spec.updateStrategy", ROLLING_UPDATE_TYPES_MESSAGE) in problems
     problems = _problems(_cr("minimal-dram-only.yaml", lambda s: s.update(
         updateStrategy={"rollingUpdate": {"maxUnavailable": "150%"}})))
     assert any(p == "spec.updateStrategy.rollingUpdate.maxUnavailable" for p, _ in problems)

@@ -130,11 +130,12 @@ bind verb: the operator holds the same pod permissions below. */}}
   resources: [roles, rolebindings]
   verbs: [get, list, watch, create, patch, delete]
 {{- /* Pods: status, and the pod IPs whose SGLang /metrics the operator reads over HTTP (no
-pods/proxy). SSD claims: grown when claimTemplate.size grows (patch), deleted with the CR on
-request. */}}
+pods/proxy); patched by in-place rollouts (updateStrategy InPlaceIfPossible: engine image,
+labels, annotations; never deleted). SSD claims: grown when claimTemplate.size grows (patch),
+deleted with the CR on request. */}}
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch]
+  verbs: [get, list, watch, patch]
 - apiGroups: [""]
   resources: [persistentvolumeclaims]
   verbs: [get, list, watch, patch, delete]

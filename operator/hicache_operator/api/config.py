@@ -211,6 +211,20 @@ class CacheMetricsConfig(ApiModel):
     )
 
 
+class RolloutConfig(ApiModel):
+    """How the operator runs in-place rollouts (updateStrategy InPlaceIfPossible)."""
+
+    restart_timeout_seconds: int = Field(
+        default=300,
+        ge=10,
+        le=86400,
+        description="An in-place update fails (Degraded InPlaceUpdateFailed, the rollout "
+        "stops) when the pod's engine container is still the old one this long after the "
+        "update: the kubelet restarts it at once for a new image, and the hicache launcher "
+        "(the engine's command) stops it within seconds for a new configuration.",
+    )
+
+
 class OperatorConfig(ApiModel):
     """Operator-wide settings (chart values)."""
 
@@ -258,6 +272,10 @@ class OperatorConfig(ApiModel):
     cache_metrics: CacheMetricsConfig = Field(
         default_factory=CacheMetricsConfig,
         description="Scraping SGLang's cache metrics into status.cache.",
+    )
+    rollout: RolloutConfig = Field(
+        default_factory=RolloutConfig,
+        description="In-place rollouts (updateStrategy InPlaceIfPossible).",
     )
 
     @classmethod

@@ -327,6 +327,12 @@ class ModelVolumeSource(ApiModel):
 
 
 # ----------------------------------------------------------------------------- rollouts
+IN_PLACE = "InPlaceIfPossible"  # the update strategy that restarts engines in place
+ROLLING_UPDATE_TYPES_MESSAGE = (
+    "rollingUpdate applies to type RollingUpdate or InPlaceIfPossible only"
+)
+
+
 class RollingUpdate(ApiModel):
     """How a RollingUpdate proceeds (apps/v1 RollingUpdateStatefulSetStrategy)."""
 
@@ -339,9 +345,11 @@ class RollingUpdate(ApiModel):
     )
     max_unavailable: IntOrPercent | None = Field(
         default=None,
-        description="Pods updated at once (a number or a percentage of replicas); needs the "
+        description="Pods updated at once (a number or a percentage of replicas, rounded "
+        "down, at least 1); unset: one at a time. Pods replaced by the StatefulSet need the "
         "MaxUnavailableStatefulSet feature of the cluster (beta and on by default from "
-        "Kubernetes 1.35); unset: one at a time.",
+        "Kubernetes 1.35); in-place engine restarts (InPlaceIfPossible) are paced by the "
+        "operator itself.",
     )
 
 
@@ -351,17 +359,25 @@ class UpdateStrategy(ApiModel):
     model_config = ConfigDict(
         json_schema_extra={"x-kubernetes-validations": [{
             "rule": "!has(self.rollingUpdate) || !has(self.type) || "
-            "self.type == 'RollingUpdate'",
-            "message": "rollingUpdate applies to type RollingUpdate only",
+            "self.type == 'RollingUpdate' || self.type == 'InPlaceIfPossible'",
+            "message": ROLLING_UPDATE_TYPES_MESSAGE,
         }]}
     )
 
-    type: Literal["RollingUpdate", "OnDelete"] = Field(
+    type: Literal["RollingUpdate", "OnDelete", "InPlaceIfPossible"] = Field(
         default="RollingUpdate",
         description="RollingUpdate: pods are replaced one by one, each after the previous is "
         "Ready (each replacement reloads the model and refills its pools: minutes per pod). "
-        "OnDelete: pods keep running on the old template until you delete them.",
+        "OnDelete: pods keep running on the old template until you delete them. "
+        "InPlaceIfPossible: a change of the engine container alone (spec.image, engine "
+        "arguments and env, everything the launcher renders from the ConfigMap) restarts the "
+        "engine container of each pod in place: same pod, node, hugepages, volumes and UMBP "
+        "sidecars, so a standalone L3 stays warm; pod by pod, rollingUpdate.maxUnavailable at "
+        "once, each after the previous is Ready. Any other change replaces the pods like "
+        "RollingUpdate, and status.rollout says why.",
     )
     rolling_update: RollingUpdate | None = Field(
-        default=None, description="Partition and parallelism of a RollingUpdate."
+        default=None,
+        description="Partition and parallelism of a RollingUpdate or an InPlaceIfPossible "
+        "rollout.",
     )

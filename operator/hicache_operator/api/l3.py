@@ -190,6 +190,16 @@ class L3(ApiModel):
         "umbp_standalone_server sidecar per medium sharing a socket directory, so the cache "
         "survives engine restarts.",
     )
+    image: str = Field(
+        default="",
+        max_length=512,
+        description="Image of the standalone UMBP sidecars (umbp_standalone_server, from the "
+        "amd-mori the engine image carries); empty: the engine image. A change of the "
+        "sidecars' image restarts them, and their cache with them, so with updateStrategy "
+        "InPlaceIfPossible set it to the image they run to roll out a new spec.image in "
+        "place (the sidecar and the engine talk mori's standalone protocol: keep their "
+        "amd-mori versions compatible). Standalone mode only.",
+    )
     dram: DramTier = Field(default_factory=DramTier, description="DRAM tier.")
     ssd: SsdTier = Field(default_factory=SsdTier, description="SSD tier.")
     tiering: Tiering = Field(default_factory=Tiering, description="DRAM/SSD composition.")

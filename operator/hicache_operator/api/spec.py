@@ -92,8 +92,8 @@ class ModelSource(ApiModel):
         pattern=r"^/[^:]*$",
         max_length=512,
         description="Where the model volume is mounted in the engine container; not a path "
-        "the operator mounts itself (/dev/shm, /var/run/hicache, /var/run/umbp, /mnt/umbp-ssd) "
-        "nor inside or above one.",
+        "the operator mounts itself (/dev/shm, /var/run/hicache, /var/run/umbp, /mnt/umbp-ssd, "
+        "/var/run/hicache-pod) nor inside or above one.",
     )
     attention: Literal["auto", "mha", "mla"] = Field(
         default="auto",

@@ -164,6 +164,33 @@ class RouterStatus(ApiModel):
         description="Ready engine pods that are not among the router's healthy workers.",
     )
     message: str | None = Field(default=None, description="Why the workers are unknown.")
+class RolloutStatus(ApiModel):
+    """A rollout in progress (absent when every pod runs the desired template)."""
+
+    method: Literal["InPlace", "Replace"] = Field(
+        description="InPlace: the operator restarts the engine container of each pod in place "
+        "(updateStrategy InPlaceIfPossible, engine-only change); Replace: the StatefulSet "
+        "replaces the pods."
+    )
+    revision: str | None = Field(
+        default=None,
+        description="The StatefulSet revision rolled out (status.updateRevision; empty until "
+        "the StatefulSet controller has seen the new template).",
+    )
+    image: str = Field(description="The engine image rolled out.")
+    config_hash: str = Field(description="The engine configuration revision rolled out.")
+    reason: str = Field(
+        description="What changes (InPlace), or why the pods must be replaced (Replace)."
+    )
+    updated_pods: int = Field(description="Pods on the new revision (restarted or replaced).")
+    pods: int = Field(description="Pods this rollout updates (ordinal >= partition).")
+    restarting: list[str] = Field(
+        default_factory=list, description="Pods whose engine restarts in place now."
+    )
+    failed_pod: str | None = Field(
+        default=None, description="The pod whose in-place update failed (the rollout stops)."
+    )
+    failure: str | None = Field(default=None, description="Why it failed.")
 
 
 class SGLangHiCacheStatus(ApiModel):
@@ -189,4 +216,9 @@ class SGLangHiCacheStatus(ApiModel):
     )
     router: RouterStatus | None = Field(
         default=None, description="The router and the pods it serves (absent: no router)."
+    )
+    rollout: RolloutStatus | None = Field(
+        default=None,
+        description="The rollout in progress: how (in place or by replacing pods), why, and "
+        "how far.",
     )

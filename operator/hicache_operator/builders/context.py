@@ -7,7 +7,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from hicache_umbp.launch.revision import CONFIG_ANNOTATION
+
 from ..api.config import OperatorConfig
+from ..api.k8s import IN_PLACE
 from ..api.spec import SGLangHiCacheSpec
 from ..planner.engine import EngineEnv
 from ..planner.router import ROUTER_APP_NAME, RouterPlan
@@ -16,7 +19,17 @@ from ..planner.ssd import SsdLayout
 
 APP_NAME = "sglang-hicache"
 MANAGED_BY = "sglang-hicache-operator"
-CONFIG_HASH_ANNOTATION = "hicache.sglang.ai/config-hash"
+# The pod's engine configuration revision; with InPlaceIfPossible the launcher selects its
+# configuration by it (hicache_umbp.launch.revision), so it is one name on both sides.
+CONFIG_HASH_ANNOTATION = CONFIG_ANNOTATION
+# InPlaceIfPossible: a digest of everything in the pod template that cannot change in place
+# (all but the engine image and the configuration revision); equal digests mean "in place".
+POD_HASH_ANNOTATION = "hicache.sglang.ai/pod-hash"
+
+
+def digest(value: Any) -> str:
+    blob = json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -90,6 +103,37 @@ class BuildInput:
     def metadata(self, name: str, component: str) -> dict[str, Any]:
         return {"name": name, "namespace": self.namespace, "labels": self.labels(component)}
 
+    @property
+    def in_place(self) -> bool:
+        """updateStrategy InPlaceIfPossible: the engine's configuration is a revision the pod
+        selects at each engine start, so it can change without replacing the pod."""
+        return self.spec.update_strategy.type == IN_PLACE
+
+    @property
+    def sidecar_image(self) -> str:
+        return self.spec.l3.image or self.image
+
+    def engine_config(self) -> dict[str, str]:
+        """The environment the launcher starts the engine with, from the ConfigMap: the
+        rendered HICACHE_* settings, and with InPlaceIfPossible the user's literal env too."""
+        if not self.in_place:
+            return dict(self.engine.env)
+        literal = {v.name: v.value for v in self.spec.engine.env if v.name in self.config_env()}
+        return {**self.engine.env, **{k: str(v) for k, v in literal.items()}}
+
+    def config_env(self) -> set[str]:
+        """InPlaceIfPossible: the user's env entries that go in the configuration revision
+        (changeable in place): literal values that reference no variable and that no entry
+        kept in the pod spec references; valueFrom entries and $(VAR) references stay in the
+        pod spec, where the kubelet resolves them."""
+        env = self.spec.engine.env
+        kept = {v.name for v in env if v.value_from is not None or "$(" in (v.value or "")}
+        referenced = {v.name for v in env
+                      if any(f"$({v.name})" in (w.value or "") for w in env if w.name in kept)}
+        return {v.name for v in env if v.name not in kept | referenced}
+
     def config_hash(self) -> str:
-        blob = json.dumps(self.engine.env, sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
+        if not self.in_place:  # byte for byte what older operators rendered
+            blob = json.dumps(self.engine.env, sort_keys=True).encode()
+            return hashlib.sha256(blob).hexdigest()[:16]
+        return digest(self.engine_config())

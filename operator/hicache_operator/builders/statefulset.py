@@ -13,6 +13,7 @@ from hicache_umbp.contract.media import Medium
 from hicache_umbp.contract.mori_env import standalone_server_env
 from hicache_umbp.contract.names import DRAIN_COMMAND, LAUNCH_COMMAND
 from hicache_umbp.contract.paths import REPORT_DIR, SOCKET_DIR, SSD_MOUNT
+from hicache_umbp.launch.revision import CONFIG_REVISION_ENV, POD_INFO_DIR
 
 from ..api.quantity import format_bytes
 from ..planner.engine import (
@@ -33,13 +34,14 @@ from ..planner.security import (
 )
 from ..planner.sizing import ContainerSizing
 from ..planner.ssd import SSD_VOLUME
-from .context import CONFIG_HASH_ANNOTATION, BuildInput
+from .context import CONFIG_HASH_ANNOTATION, POD_HASH_ANNOTATION, BuildInput, digest
 
 SHM_VOLUME = "dshm"
 RUN_VOLUME = "hicache-run"
 SOCKET_VOLUME = "umbp-sockets"
 MODEL_VOLUME = "model"
 TMP_VOLUME = "tmp"
+POD_INFO_VOLUME = "pod-info"
 # SGLang 0.5.23 endpoints (sglang/srt/entrypoints/http_server.py):
 # * /ready answers at once: 200 once the server finished starting and is not paused or
 #   shutting down (TokenizerManager.is_ready), else 503. It is what "can take traffic" means, so
@@ -84,7 +86,15 @@ def _engine_container(b: BuildInput) -> dict[str, Any]:
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
     ]
-    env += [v.model_dump(by_alias=True, exclude_none=True) for v in spec.engine.env]
+    in_config: set[str] = set()
+    if b.in_place:  # the configuration revision is chosen at each start (launch.revision)
+        in_config = b.config_env()
+        annotation = f"metadata.annotations['{CONFIG_HASH_ANNOTATION}']"
+        env.append({"name": CONFIG_REVISION_ENV,
+                    "valueFrom": {"fieldRef": {"fieldPath": annotation}}})
+        mounts.append({"name": POD_INFO_VOLUME, "mountPath": POD_INFO_DIR, "readOnly": True})
+    env += [v.model_dump(by_alias=True, exclude_none=True) for v in spec.engine.env
+            if v.name not in in_config]
 
     def probe(path: str, timeout_s: int) -> dict[str, Any]:
         return {"httpGet": {"path": path, "port": "http"}, "timeoutSeconds": timeout_s}
@@ -149,7 +159,7 @@ def _sidecar(b: BuildInput, medium: Medium, sizing: ContainerSizing) -> dict[str
         caps = []
     return {
         "name": f"umbp-{medium}",
-        "image": b.image,
+        "image": b.sidecar_image,
         "imagePullPolicy": b.image_pull_policy,
         "restartPolicy": "Always",
         "command": standalone_server_command(medium),
@@ -183,6 +193,9 @@ def _volumes(b: BuildInput) -> list[dict[str, Any]]:
     if spec.l3.mode == "standalone":
         vols.append({"name": SOCKET_VOLUME, "emptyDir": {"sizeLimit": "16Mi"}})
         vols.append({"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "1Gi"}})
+    if b.in_place:  # the kubelet rewrites the file when the pod's annotations change
+        vols.append({"name": POD_INFO_VOLUME, "downwardAPI": {"items": [
+            {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]}})
     return vols
 
 
@@ -190,6 +203,12 @@ def _update_strategy(b: BuildInput) -> dict[str, Any]:
     strategy = b.spec.update_strategy
     if strategy.type == "OnDelete":
         return {"type": "OnDelete"}
+    if b.in_place:
+        # The operator rolls the pods itself (in place): the StatefulSet controller is held
+        # off every pod by the partition, and still keeps its revisions (pods it creates, and
+        # currentRevision once every pod is on the new one). The controller lowers the
+        # partition only to let the StatefulSet replace pods (controller/rollout.py).
+        return {"type": "RollingUpdate", "rollingUpdate": {"partition": b.spec.replicas}}
     out: dict[str, Any] = {"type": "RollingUpdate"}
     rolling = strategy.rolling_update
     if rolling is not None:
@@ -230,6 +249,12 @@ def build_statefulset(b: BuildInput) -> dict[str, Any]:
     if spec.security.host_network and policy.allow_host_network:
         pod_spec["hostNetwork"] = True
         pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+    annotations = {
+        CONFIG_HASH_ANNOTATION: b.config_hash(),
+        "kubectl.kubernetes.io/default-container": "engine",
+    }
+    if b.in_place:
+        annotations[POD_HASH_ANNOTATION] = pod_hash(pod_spec)
     sts_spec: dict[str, Any] = {
         "serviceName": b.names.headless_service,
         "replicas": spec.replicas,
@@ -240,10 +265,7 @@ def build_statefulset(b: BuildInput) -> dict[str, Any]:
         "template": {
             "metadata": {
                 "labels": b.labels("engine"),
-                "annotations": {
-                    CONFIG_HASH_ANNOTATION: b.config_hash(),
-                    "kubectl.kubernetes.io/default-container": "engine",
-                },
+                "annotations": annotations,
             },
             "spec": pod_spec,
         },
@@ -267,3 +289,12 @@ def build_statefulset(b: BuildInput) -> dict[str, Any]:
         "metadata": b.metadata(b.names.statefulset, "engine"),
         "spec": sts_spec,
     }
+
+
+def pod_hash(pod_spec: dict[str, Any]) -> str:
+    """The digest of a pod template's spec without the engine container's image: two
+    templates with the same one differ only in what changes in place (the engine image, and
+    the configuration revision, which is an annotation)."""
+    containers = [{**c, "image": ""} if c.get("name") == "engine" else c
+                  for c in pod_spec.get("containers") or []]
+    return digest({**pod_spec, "containers": containers})

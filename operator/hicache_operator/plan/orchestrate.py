@@ -63,6 +63,7 @@ from ..planner.placement import (
     pod_tolerations,
     tolerates_unhealthy,
 )
+from ..planner.rollout import rollout_warnings
 from ..planner.router import RouterPlan, plan_router, router_warnings
 from ..planner.security import check_security, granted_capabilities, security_warnings
 from ..planner.sizing import PodSizing, size_pod
@@ -286,6 +287,7 @@ def _warnings(
     pools = compare_kv_pools(spec, GPU_MODELS[spec.placement.gpu_model])
     if pools is not None and not pools.fits:
         out.append(pools.warning(spec, GPU_MODELS[spec.placement.gpu_model]))
+    out.extend(rollout_warnings(spec))
     out.extend(model_path_warnings(spec))
     out.extend(mla_warnings(spec))
     out.extend(staging_warnings(spec, sizing.page, sizing.ssd_total, sizing.ranks))

@@ -8,6 +8,7 @@ from hicache_umbp.contract.units import fmt_bytes, k8s_hugepage_resource
 
 from ..api.quantity import format_bytes
 from ..planner.engine import SIDECAR_MEDIUM, standalone_server_command
+from ..planner.rollout import rollout_summary
 from .orchestrate import Plan
 
 
@@ -87,6 +88,7 @@ def render_summary(p: Plan) -> str:
         for line in sidecar_lines(p):
             add(f"  {line}")
     add(f"Warm L3 cache (mori 1.2.4): {warm_cache(p)}")
+    add(f"Rollouts: {rollout_summary(spec)}")
     add("")
     add(router_line(p))
     for line in p.router.sizing.arithmetic if p.router else ():

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from hicache_umbp.contract.paths import REPORT_DIR, SOCKET_DIR, SSD_MOUNT
+from hicache_umbp.launch.revision import POD_INFO_DIR
 
 from ..api.k8s import Affinity, LabelSelector, NodeSelectorTerm, PodAffinity
 from ..api.spec import SGLangHiCacheSpec
@@ -30,7 +31,7 @@ _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 SHM_PATH = "/dev/shm"
 #: Paths the operator mounts into the engine container itself (builders.statefulset); a model
 #: volume on, inside or above one of them would collide with it or hide it.
-OPERATOR_MOUNT_PATHS = (SHM_PATH, REPORT_DIR, SOCKET_DIR, SSD_MOUNT)
+OPERATOR_MOUNT_PATHS = (SHM_PATH, REPORT_DIR, SOCKET_DIR, SSD_MOUNT, POD_INFO_DIR)
 
 
 def qualified_name(value: str) -> str | None:

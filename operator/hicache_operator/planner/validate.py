@@ -16,6 +16,7 @@ from hicache_umbp.contract.builtin import BUILTIN_BACKEND
 from pydantic import ValidationError
 
 from ..api.crd import MAX_NAME_LENGTH
+from ..api.k8s import ROLLING_UPDATE_TYPES_MESSAGE
 from ..api.l3 import BUILTIN_PREFAULT_THREADS_MESSAGE, BUILTIN_SSD_MESSAGE
 from ..api.spec import KV_BYTES_NEEDS_ATTENTION, KV_HEADS_NEEDS_MHA, SGLangHiCacheSpec
 from ..api.types import API_VERSION, KIND
@@ -175,8 +176,8 @@ def check_cross_field_rules(spec: SGLangHiCacheSpec, problems: Problems) -> None
             "hostAllocator.hugePageSize none",
         )
     strategy = spec.update_strategy
-    if strategy.rolling_update is not None and strategy.type != "RollingUpdate":
-        problems.add("spec.updateStrategy", "rollingUpdate applies to type RollingUpdate only")
+    if strategy.rolling_update is not None and strategy.type == "OnDelete":
+        problems.add("spec.updateStrategy", ROLLING_UPDATE_TYPES_MESSAGE)
     ssd = spec.l3.ssd
     if spec.l3.mode == "standalone" and ssd.enabled and ssd.io_backend != "io_uring":
         problems.add(
