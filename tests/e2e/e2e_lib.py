@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import signal
@@ -167,6 +168,24 @@ class Cluster:
             ip = ips[i] if ips else None
             self.emu.call(lambda s, n=pod_name, a=ip:
                           self.emu.simulator.pod_ready(NAMESPACE, n, a))
+
+    def ready_until(self, name: str, predicate: Callable[[], T], what: str,
+                    timeout: float = 30.0) -> T:
+        """Mark every pod of ``name`` that is not ready Ready (each new or restarted pod passes
+        its probes) until ``predicate`` holds: a rolling update proceeds pod by pod."""
+        assert self.emu.simulator is not None
+        sim = self.emu.simulator
+
+        def step() -> T:
+            for pod in self.pods(name):
+                ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                            for c in (pod.get("status") or {}).get("conditions") or [])
+                if not ready and not pod["metadata"].get("deletionTimestamp"):
+                    pod_name = pod["metadata"]["name"]
+                    with contextlib.suppress(ApiError):  # replaced meanwhile
+                        self.emu.call(lambda s, n=pod_name: sim.pod_ready(NAMESPACE, n))
+            return predicate()
+        return self.wait(step, what, timeout)
 
     def set_pod(self, fn_name: str, pod: str, *args: Any) -> None:
         sim = self.emu.simulator

@@ -58,9 +58,10 @@ def test_spec_updates_converge_and_a_noop_resync_writes_nothing(
             "observedGeneration") == g, f"observedGeneration {generation}")
     sts = cluster.child(("apps/v1", "statefulsets"), "upd")
     assert sts is not None and sts["spec"]["replicas"] == 1
-    # Nothing changes now: several resync periods must not write anything at all.
-    cluster.mark_pods_ready("upd", 1)
-    cluster.wait_condition("upd", "Ready", "True")
+    # Nothing changes now: several resync periods must not write anything at all. (The
+    # StatefulSet replaces the pod of the old template once the pods are ready.)
+    cluster.ready_until("upd", lambda: cluster.condition("upd", "Ready").get("status") == "True",
+                        "upd: Ready=True after the rolling update")
     cluster.wait_settled(RESYNC_S)
     assert cluster.writes_during(4 * RESYNC_S) == []
 

@@ -78,8 +78,8 @@ def test_partition_updates_only_the_pods_above_it(cluster: Cluster, operator: An
     cond = cluster.wait_condition("canary", "Progressing", "False", "UpdateHeld")
     assert "partition 2" in cond["message"]
     cluster.patch_spec("canary", {"updateStrategy": {"rollingUpdate": {"partition": 0}}})
-    cluster.wait(lambda: before["canary-0"] not in _uids(cluster, "canary").values(),
-                 "the rest rolled after lowering the partition")
+    cluster.ready_until("canary", lambda: before["canary-0"] not in _uids(
+        cluster, "canary").values(), "the rest rolled, one by one, after lowering the partition")
     cluster.mark_pods_ready("canary", 3)
     cluster.wait_condition("canary", "Progressing", "False", "Available")
 

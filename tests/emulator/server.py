@@ -47,6 +47,7 @@ BUILTIN_TYPES = (
                  short_names=("pvc",), subresources=frozenset({"status"})),
     ResourceType("apps", "v1", "statefulsets", "StatefulSet", short_names=("sts",),
                  subresources=frozenset({"status", "scale"})),
+    ResourceType("apps", "v1", "controllerrevisions", "ControllerRevision"),
     ResourceType("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget",
                  short_names=("pdb",), subresources=frozenset({"status"})),
     ResourceType("apps", "v1", "deployments", "Deployment", short_names=("deploy",),

@@ -24,6 +24,7 @@ from typing import Any
 from .apps_rbac import immutable_causes
 from .builtins import pvc_update_causes, validate_builtin
 from .patching import PatchError, apply_patch
+from .pods import pod_update_causes
 from .selectors import matches_fields, matches_labels
 from .validation import Cause, SchemaValidator
 
@@ -317,7 +318,8 @@ class Store:
         return obj
 
     def _check_immutable(self, rtype: ResourceType, new: Obj, old: Obj) -> None:
-        """The update rules of StatefulSets (apps/v1 validation) and PVCs (resize)."""
+        """The update rules of StatefulSets (apps/v1 validation), Pods (``pods``) and PVCs
+        (resize)."""
         if rtype.key == ("", "persistentvolumeclaims"):
             name = str((old.get("spec") or {}).get("storageClassName") or "")
             sc = self.objects.get(("storage.k8s.io", "storageclasses", None, name))
@@ -333,6 +335,12 @@ class Store:
         if frozen:
             raise ApiError(422, "Invalid", f'{rtype.kind} "{old["metadata"]["name"]}" is '
                            f"invalid: {frozen[0][0]}: {frozen[0][1]}", causes=frozen)
+        if rtype.key == ("", "pods"):
+            causes = pod_update_causes(new, old)
+            if causes:
+                raise ApiError(422, "Invalid", f'Pod "{old["metadata"]["name"]}" is invalid: '
+                               f"{causes[0][0]}: {causes[0][1]}", causes=causes)
+            return
         if rtype.key != ("apps", "statefulsets"):
             return
         changed = sorted(k for k in set(new.get("spec") or {}) | set(old.get("spec") or {})

@@ -1,17 +1,30 @@
-"""A minimal StatefulSet controller and kubelet, so the operator sees pods and PVCs.
+"""A StatefulSet controller and a kubelet, so the operator sees pods and PVCs behave as on a
+cluster.
 
-What it does (after each StatefulSet or Pod change, on the emulator's loop):
-- pods ``<sts>-<ordinal>`` for ``spec.replicas``, labelled from the pod template plus
+The StatefulSet controller (after each StatefulSet or Pod change, on the emulator's loop), as
+``pkg/controller/statefulset`` does it:
+- a ``ControllerRevision`` per distinct pod template (``<sts>-<hash>``, owned by the
+  StatefulSet, the template in ``data``, ``revision`` numbers; an equal template reuses its
+  revision); ``status.updateRevision`` is the current template's, ``status.currentRevision``
+  moves to it only when a RollingUpdate has every pod updated and ready
+  (``completeRollingUpdate``; never under OnDelete);
+- pods ``<sts>-<ordinal>`` for ``spec.replicas``, labelled from the template plus
   ``controller-revision-hash`` and owned by the StatefulSet (orphans of the same name are
-  adopted, as after an ``Orphan`` delete and re-create); extra ordinals are deleted;
-  pods of an older template revision are replaced (all at once: a rolling update gap), except
-  under ``updateStrategy`` ``OnDelete`` (never) and below a RollingUpdate ``partition``;
+  adopted, as after an ``Orphan`` delete and re-create); a missing pod below a RollingUpdate's
+  ``partition`` is made from ``currentRevision``'s template, any other from
+  ``updateRevision``'s; extra ordinals are deleted;
+- a pod counts as updated by its ``controller-revision-hash`` label alone (so a pod updated in
+  place and relabelled is never replaced); RollingUpdate replaces pods of another revision with
+  ordinal >= ``partition``, highest first, at most ``maxUnavailable`` (default 1) unavailable
+  at a time (the MaxUnavailableStatefulSet rule of Kubernetes 1.35: nothing is replaced while
+  that many pods are unavailable); OnDelete never replaces one;
 - one PVC ``<template>-<sts>-<ordinal>`` per ``volumeClaimTemplates`` entry, ``Bound`` with the
   requested capacity, never deleted on scale-down unless
   ``persistentVolumeClaimRetentionPolicy.whenScaled`` is ``Delete``; owned by the StatefulSet
   (so collected with it) only when ``whenDeleted`` is ``Delete``;
-- ``status`` of the StatefulSet (replicas, readyReplicas, currentReplicas, updatedReplicas,
-  availableReplicas, observedGeneration, currentRevision/updateRevision).
+- ``status`` (replicas, readyReplicas, currentReplicas, updatedReplicas, availableReplicas,
+  observedGeneration, currentRevision/updateRevision).
+The kubelet is ``kubelet.Kubelet`` (container states, in-place restarts on an image change).
 New pods start ``Pending``; tests move them with ``pod_ready`` (optionally with a ``podIP``, e.g.
 a loopback address where a test serves SGLang metrics), ``pod_failed``,
 ``pod_unschedulable`` and ``pod_waiting`` (image pull errors, crash loops). Failed pods are left
@@ -27,7 +40,10 @@ import hashlib
 import json
 from typing import Any
 
+from .kubelet import Kubelet
 from .store import ApiError, Obj, Store, WatchEvent, now_iso
+
+REVISION_LABEL = "controller-revision-hash"
 
 
 def _revision(sts: Obj) -> str:
@@ -46,19 +62,33 @@ def _pod_ready(pod: Obj) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
+def _max_unavailable(strategy: Obj, replicas: int, gate: bool) -> int:
+    value = (strategy.get("rollingUpdate") or {}).get("maxUnavailable")
+    if value is None or not gate:
+        return 1
+    if isinstance(value, str) and value.endswith("%"):
+        return max(1, int(replicas * int(value[:-1]) / 100))
+    return max(1, int(value))
+
+
 class WorkloadSimulator:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.sts = store.find_type("apps", "v1", "statefulsets")
         self.pods = store.find_type("", "v1", "pods")
         self.pvcs = store.find_type("", "v1", "persistentvolumeclaims")
+        self.revisions = store.find_type("apps", "v1", "controllerrevisions")
+        self.kubelet = Kubelet(store, self.pods)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: set[tuple[str, str]] = set()
         self._highest: dict[tuple[str, str], int] = {}  # ordinals ever created, per StatefulSet
+        self._history: dict[tuple[str, str], set[str]] = {}  # ControllerRevision names
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
+        self.kubelet.attach(loop)
         self.store.listeners.append(self._on_event)
+        self.store.listeners.append(self.kubelet.on_event)
 
     def _on_event(self, event: WatchEvent) -> None:
         meta = event.object["metadata"]
@@ -76,6 +106,63 @@ class WorkloadSimulator:
             self._pending.add(key)
             self._loop.call_soon(self._reconcile, key)
 
+    # ---------------------------------------------------------------- revisions
+    def _revision_objects(self, sts: Obj) -> dict[str, Obj]:
+        """This StatefulSet's ControllerRevisions (looked up by the names it made: no scan of
+        every object)."""
+        namespace, uid = sts["metadata"]["namespace"], sts["metadata"]["uid"]
+        names = self._history.setdefault((namespace, sts["metadata"]["name"]), set())
+        found = {}
+        for name in sorted(names):
+            obj = self.store.objects.get(("apps", "controllerrevisions", namespace, name))
+            refs = [] if obj is None else obj["metadata"].get("ownerReferences") or []
+            if obj is not None and not any(o.get("controller") for o in refs):
+                # orphaned with its StatefulSet (Orphan delete): the new one adopts it
+                obj = self.store.patch(self.revisions, namespace, name,
+                                       "application/merge-patch+json",
+                                       {"metadata": {"ownerReferences": [_owner(sts)]}})
+                refs = obj["metadata"]["ownerReferences"]
+            if obj is not None and any(o.get("uid") == uid for o in refs):
+                found[name] = obj
+        names.intersection_update(found)
+        return found
+
+    def _ensure_revision(self, sts: Obj, history: dict[str, Obj]) -> str:
+        """The ControllerRevision of the current template (created, or an equal older one
+        renumbered as the newest), as the StatefulSet controller keeps its history."""
+        name = _revision(sts)
+        newest = max((int(r.get("revision", 0)) for r in history.values()), default=0)
+        namespace = sts["metadata"]["namespace"]
+        found = history.get(name)
+        if found is None:
+            self._history.setdefault((namespace, sts["metadata"]["name"]), set()).add(name)
+            stale = self.store.objects.get(("apps", "controllerrevisions", namespace, name))
+            if stale is not None:  # another owner's (a StatefulSet being collected)
+                self.store.delete(self.revisions, namespace, name)
+            history[name] = self.store.create(self.revisions, namespace, {
+                "apiVersion": "apps/v1", "kind": "ControllerRevision",
+                "metadata": {"name": name, "namespace": namespace,
+                             "labels": dict((sts["spec"].get("selector") or {}).get(
+                                 "matchLabels") or {}),
+                             "ownerReferences": [_owner(sts)]},
+                "data": {"spec": {"template": copy.deepcopy(sts["spec"].get("template", {}))}},
+                "revision": newest + 1})
+        elif int(found.get("revision", 0)) != newest:
+            history[name] = self.store.patch(self.revisions, namespace, name,
+                                             "application/merge-patch+json",
+                                             {"revision": newest + 1})
+        return name
+
+    def _prune_revisions(self, sts: Obj, history: dict[str, Obj], keep: set[str]) -> None:
+        limit = int(sts["spec"].get("revisionHistoryLimit", 10))
+        spare = sorted((r for n, r in history.items() if n not in keep),
+                       key=lambda r: int(r.get("revision", 0)))
+        for old in spare[:max(0, len(spare) - limit)]:
+            with contextlib.suppress(ApiError):
+                self.store.delete(self.revisions, sts["metadata"]["namespace"],
+                                  old["metadata"]["name"])
+
+    # ---------------------------------------------------------------- the controller
     def _reconcile(self, key: tuple[str, str]) -> None:
         self._pending.discard(key)
         namespace, name = key
@@ -84,10 +171,16 @@ class WorkloadSimulator:
             return
         sts = copy.deepcopy(sts)
         replicas = int(sts["spec"].get("replicas", 1))
-        revision = _revision(sts)
+        history = self._revision_objects(sts)
+        update = self._ensure_revision(sts, history)
+        current = (sts.get("status") or {}).get("currentRevision")
+        if current not in history:
+            current = update
         policy = sts["spec"].get("persistentVolumeClaimRetentionPolicy") or {}
         strategy = sts["spec"].get("updateStrategy") or {}
+        rolling = strategy.get("type", "RollingUpdate") == "RollingUpdate"
         partition = int((strategy.get("rollingUpdate") or {}).get("partition") or 0)
+        pods: dict[int, Obj] = {}
         for ordinal in range(replicas):
             pod_name = f"{name}-{ordinal}"
             pod = self.store.objects.get(("", "pods", namespace, pod_name))
@@ -96,13 +189,10 @@ class WorkloadSimulator:
                 pod = self.store.patch(self.pods, namespace, pod_name,  # adopt an orphan
                                        "application/merge-patch+json",
                                        {"metadata": {"ownerReferences": [_owner(sts)]}})
-            outdated = pod is not None and (pod["metadata"].get("labels") or {}).get(
-                "controller-revision-hash") != revision
-            if outdated and strategy.get("type") != "OnDelete" and ordinal >= partition:
-                self.store.delete(self.pods, namespace, pod_name)
-                pod = None
             if pod is None:
-                pod = self._create_pod(sts, ordinal, revision)
+                revision = current if rolling and ordinal < partition else update
+                pod = self._create_pod(sts, ordinal, revision, history[revision])
+            pods[ordinal] = pod
             self._ensure_pvcs(sts, ordinal, policy)
         for ordinal, pod in self._owned_pods(sts):
             if ordinal >= replicas:
@@ -110,7 +200,31 @@ class WorkloadSimulator:
                 if policy.get("whenScaled") == "Delete":
                     self._delete_pvcs(sts, ordinal)
         self._highest[key] = replicas
-        self._update_status(sts, replicas, revision)
+        if rolling:
+            self._roll(sts, pods, update, partition, strategy, replicas)
+        self._update_status(sts, replicas, update, current)
+        in_use = {str((p["metadata"].get("labels") or {}).get(REVISION_LABEL)) for p in
+                  pods.values()}
+        self._prune_revisions(sts, history, in_use | {update, current})
+
+    def _roll(self, sts: Obj, pods: dict[int, Obj], update: str, partition: int,
+              strategy: Obj, replicas: int) -> None:
+        """RollingUpdate: replace pods of another revision, highest ordinal first, while fewer
+        than maxUnavailable pods are unavailable (the replaced pod comes back on the next
+        pass, from updateRevision)."""
+        budget = _max_unavailable(strategy, replicas,
+                                  self.store.feature_gates["MaxUnavailableStatefulSet"])
+        unavailable = sum(1 for p in pods.values() if not _pod_ready(p))
+        if unavailable >= budget:
+            return
+        for ordinal in sorted(pods, reverse=True):
+            if ordinal < partition or unavailable >= budget:
+                break
+            pod = pods[ordinal]
+            if (pod["metadata"].get("labels") or {}).get(REVISION_LABEL) != update:
+                self.store.delete(self.pods, sts["metadata"]["namespace"],
+                                  pod["metadata"]["name"])
+                unavailable += 1
 
     def _owned_pods(self, sts: Obj) -> list[tuple[int, Obj]]:
         """This StatefulSet's pods by ordinal (looked up by name: no scan of every object)."""
@@ -124,12 +238,13 @@ class WorkloadSimulator:
                 found.append((ordinal, pod))
         return found
 
-    def _create_pod(self, sts: Obj, ordinal: int, revision: str) -> Obj:
-        template = copy.deepcopy(sts["spec"].get("template", {}))
+    def _create_pod(self, sts: Obj, ordinal: int, revision: str, history: Obj) -> Obj:
+        template = copy.deepcopy(((history.get("data") or {}).get("spec") or {}).get(
+            "template") or sts["spec"].get("template", {}))
         meta = template.get("metadata") or {}
         name = f"{sts['metadata']['name']}-{ordinal}"
         labels = dict(meta.get("labels") or {})
-        labels.update({"controller-revision-hash": revision,
+        labels.update({REVISION_LABEL: revision,
                        "statefulset.kubernetes.io/pod-name": name})
         pod = {"apiVersion": "v1", "kind": "Pod",
                "metadata": {"name": name, "namespace": sts["metadata"]["namespace"],
@@ -169,19 +284,21 @@ class WorkloadSimulator:
                     self.store.objects:
                 self.store.delete(self.pvcs, sts["metadata"]["namespace"], claim)
 
-    def _update_status(self, sts: Obj, replicas: int, revision: str) -> None:
+    def _update_status(self, sts: Obj, replicas: int, update: str, current: str) -> None:
         namespace = sts["metadata"]["namespace"]
         pods = [pod for _, pod in self._owned_pods(sts)]
         ready = sum(1 for p in pods if _pod_ready(p))
-        revisions = [(p["metadata"].get("labels") or {}).get("controller-revision-hash")
-                     for p in pods]
-        updated = sum(1 for r in revisions if r == revision)
-        older = next((r for r in revisions if r != revision), None)
+        revisions = [(p["metadata"].get("labels") or {}).get(REVISION_LABEL) for p in pods]
+        updated = sum(1 for r in revisions if r == update)
         status = {"observedGeneration": sts["metadata"].get("generation", 1),
                   "replicas": len(pods), "readyReplicas": ready, "availableReplicas": ready,
-                  "currentReplicas": len(pods) - updated if older else len(pods),
+                  "currentReplicas": sum(1 for r in revisions if r == current),
                   "updatedReplicas": updated,
-                  "currentRevision": older or revision, "updateRevision": revision}
+                  "currentRevision": current, "updateRevision": update}
+        strategy = (sts["spec"].get("updateStrategy") or {}).get("type", "RollingUpdate")
+        if strategy == "RollingUpdate" and updated == replicas and ready == replicas and \
+                len(pods) == replicas:  # completeRollingUpdate
+            status.update(currentReplicas=updated, currentRevision=update)
         with contextlib.suppress(ApiError):  # deleted in the meantime
             self.store.replace(self.sts, namespace, sts["metadata"]["name"],
                                {**sts, "status": status}, "status")
@@ -192,14 +309,10 @@ class WorkloadSimulator:
         return self.store.replace(self.pods, namespace, name, {**pod, "status": status}, "status")
 
     def pod_ready(self, namespace: str, name: str, pod_ip: str | None = None) -> Obj:
-        return self._set_pod_status(namespace, name, {
+        return self.kubelet.set_ready(namespace, name, {
             **({"podIP": pod_ip, "podIPs": [{"ip": pod_ip}]} if pod_ip else {}),
             "phase": "Running", "startTime": now_iso(),
-            "conditions": [{"type": "PodScheduled", "status": "True"},
-                           {"type": "Ready", "status": "True"},
-                           {"type": "ContainersReady", "status": "True"}],
-            "containerStatuses": [{"name": "engine", "ready": True, "restartCount": 0,
-                                   "state": {"running": {"startedAt": now_iso()}}}]})
+            "conditions": [{"type": "PodScheduled", "status": "True"}]})
 
     def pod_failed(self, namespace: str, name: str, reason: str, message: str) -> Obj:
         return self._set_pod_status(namespace, name, {
