@@ -224,8 +224,9 @@ class OperatorProcess:
         self.cluster, self.log_path = cluster, log_path
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, *extra: str, standalone: bool = True) -> None:
-        env = dict(os.environ, KUBECONFIG=str(self.cluster.kubeconfig))
+    def start(self, *extra: str, standalone: bool = True,
+              env_extra: dict[str, str] | None = None) -> None:
+        env = dict(os.environ, KUBECONFIG=str(self.cluster.kubeconfig), **(env_extra or {}))
         log = self.log_path.open("ab")
         args = ["run", "-n", NAMESPACE, "--metrics-port", "0", *extra]
         if standalone:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
+import time
 from dataclasses import dataclass
 
 from .store import ApiError, Obj, ResourceType, Store, WatchEvent, now_iso
@@ -84,6 +85,9 @@ class Kubelet:
         self.bad_images: set[str] = set()
         self.crashing_images: set[str] = set()
         self.restarts: list[tuple[str, str, str]] = []  # (pod, container, why), in order
+        # (monotonic time, pod, "restart" | "ready"): when each pod's engine went down and
+        # came back, for tests that check how many pods were unavailable at once
+        self.timeline: list[tuple[float, str, str]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -136,6 +140,7 @@ class Kubelet:
             if c.waiting is None:
                 c.running, c.ready = True, True
                 c.started_at = c.started_at or now_iso()
+        self.timeline.append((time.monotonic(), name, "ready"))
         return self._write(pod, status)
 
     def forget(self, uid: str) -> None:
@@ -181,6 +186,7 @@ class Kubelet:
             return
         for container, why in restarted:
             self.restarts.append((name, container, why))
+        self.timeline.append((time.monotonic(), name, "restart"))
         self._write(pod)
         if self.ready_after_restart is not None and self._loop is not None:
             for container, _ in restarted:
@@ -215,6 +221,7 @@ class Kubelet:
                 state.container_id != container_id or not state.running:
             return
         state.ready = True
+        self.timeline.append((time.monotonic(), name, "ready"))
         self._write(pod)
 
     def snapshot(self, uid: str) -> dict[str, Container]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -23,7 +23,7 @@ import aiohttp
 from ..api import API_VERSION, KIND
 from ..cachestats.observer import CacheObservation, CacheObserver
 from ..planner.errors import SpecError
-from . import diff, metrics, status, volumes
+from . import diff, inplace, metrics, status, volumes
 from .apply import ChildKey, ChildMemory, ChildWriter
 from .kube import CHILD_KINDS, KubeClient, KubeError
 from .logs import cr_logger
@@ -98,8 +98,12 @@ class Reconciler:
     """Holds the per-CR memory of what was last applied (for cheap drift checks)."""
 
     def __init__(self, kube: KubeClient, config: Any,
-                 plan_fn: Callable[[Mapping[str, Any], Any, bool], Any] = _default_plan) -> None:
+                 plan_fn: Callable[[Mapping[str, Any], Any, bool], Any] = _default_plan,
+                 serving_checks: Sequence[inplace.ServingCheck] = ()) -> None:
         self.kube, self.config, self.plan_fn = kube, config, plan_fn
+        # Beyond a pod's Ready condition, what "serving" means to an in-place rollout (e.g. a
+        # router's worker set); each restarted pod must pass them all before the next.
+        self.serving_checks: list[inplace.ServingCheck] = list(serving_checks)
         self.crs: dict[tuple[str, str], _CrState] = {}
         self.writer = ChildWriter(kube)
         self.observer = CacheObserver(config.cache_metrics, on_scrape=metrics.record_scrape)
@@ -294,10 +298,16 @@ class Reconciler:
             writes += len(applied)
             if outcome.problems:
                 planned = None
+        pods = await self.kube.list("v1", "Pod", namespace, selector)
 
         rejections: list[str] = []
+        decision = None
         if planned is not None:
-            desired = {_key(d): d for d in (self._desired(obj, body) for obj in planned.objects)}
+            planned_objects = {_key(o): o for o in planned.objects}
+            decision = await inplace.decide(
+                planned, body, planned_objects, live, pods, self.serving_checks,
+                self.config.rollout.restart_timeout_seconds)
+            desired = {k: self._desired(o, body) for k, o in planned_objects.items()}
             # Drift checks need no copy of the last-applied annotation (it repeats the object).
             state.desired = {k: diff.without_last_applied(v) for k, v in desired.items()}
             for key, want in desired.items():
@@ -330,9 +340,13 @@ class Reconciler:
             outcome = _with_rejections(outcome, rejections)
         if applied:
             events.append(Event("Normal", "Applied", "; ".join(applied)))
+        step = await inplace.send_patches(self.kube, namespace, name, decision)
+        writes += step.writes
+        events.extend(step.events)
+        pods = step.pods(pods)
+        outcome = inplace.with_rollout(outcome, decision)
 
         sts = next((obj for (_, kind, _), obj in live.items() if kind == "StatefulSet"), None)
-        pods = await self.kube.list("v1", "Pod", namespace, selector)
         cache = await self._observe_cache(planned, trigger, (namespace, name), pods)
         router_status, router_issues = await self._observe_router(
             planned, trigger, (namespace, name), live, pods)

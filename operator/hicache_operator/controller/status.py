@@ -39,16 +39,17 @@ Obj = dict[str, Any]
 CONDITION_TYPES = ("SpecValid", "Ready", "Progressing", "Degraded")
 
 # Most severe first: the first one found becomes the Degraded reason.
-DEGRADED_REASONS = ("ObjectRejected", "TopologyAffinityError", "HugepagesUnavailable",
-                    "GpusUnavailable", "SsdVolumePending", "Unschedulable", "ImagePullError",
-                    "CrashLoopBackOff", "PodFailed", *ROUTER_REASONS)
+DEGRADED_REASONS = ("ObjectRejected", "InPlaceUpdateFailed", "TopologyAffinityError",
+                    "HugepagesUnavailable", "GpusUnavailable", "SsdVolumePending",
+                    "Unschedulable", "ImagePullError", "CrashLoopBackOff", "PodFailed",
+                    *ROUTER_REASONS)
 SPEC_REASONS = ("InvalidSpec", "PlanningFailed", "VolumeExpansionRefused")
 # Every reason this module writes, per condition (docs/operations.md explains each).
 REASONS: dict[str, tuple[str, ...]] = {
     "SpecValid": ("Planned", *SPEC_REASONS),
     "Ready": ("AllReplicasReady", "ReplicasNotReady", "InvalidSpec"),
-    "Progressing": ("Creating", "RollingOut", "WaitingForPods", "Available", "UpdateHeld",
-                    "Stalled", "InvalidSpec"),
+    "Progressing": ("Creating", "RollingOut", "RollingOutInPlace", "ReplacingPods",
+                    "WaitingForPods", "Available", "UpdateHeld", "Stalled", "InvalidSpec"),
     "Degraded": (*DEGRADED_REASONS, "NoFailures"),
 }
 _IMAGE_PULL = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName"})
@@ -81,6 +82,9 @@ class Outcome:
     on_delete: bool = False  # updateStrategy OnDelete
     partition: int = 0  # updateStrategy.rollingUpdate.partition
     min_ratio_change: float = 0.02
+    rollout: Mapping[str, Any] | None = None  # status.rollout (controller/rollout.py)
+    rollout_progress: tuple[str, str] | None = None  # Progressing (reason, message)
+    rollout_failure: tuple[str, str] | None = None  # (pod, why): Degraded InPlaceUpdateFailed
 
 
 @dataclass(frozen=True)
@@ -219,6 +223,11 @@ def compute_status(*, generation: int, outcome: Outcome, observed: Observed,
     rolled, held = _rollout(sts, outcome)
     ready = rolled and ready_pods >= outcome.replicas and existing == outcome.replicas
     issues = [PodIssue("ObjectRejected", "", r) for r in outcome.rejections]
+    if outcome.rollout_failure is not None:
+        pod, why = outcome.rollout_failure
+        issues.append(PodIssue("InPlaceUpdateFailed", pod,
+                               f"{why}; the in-place rollout is stopped (fix the image or the "
+                               "configuration, or revert the change)"))
     issues += pod_issues(observed)
     issues += [PodIssue(reason, "", message) for reason, message in observed.router_issues]
     degraded = issues[0] if issues else None
@@ -243,6 +252,10 @@ def compute_status(*, generation: int, outcome: Outcome, observed: Observed,
         progressing = cond("Progressing", False, "Stalled",
                            f"{ready_msg}; blocked by {degraded.reason}")
         phase = "Degraded"
+    elif outcome.rollout_progress is not None:
+        reason, message = outcome.rollout_progress
+        progressing = cond("Progressing", True, reason, f"{ready_msg}; {message}")
+        phase = "Progressing" if ready_pods else "Pending"
     else:
         reason = "Creating" if not sts else ("RollingOut" if not rolled else "WaitingForPods")
         progressing = cond("Progressing", True, reason, ready_msg)
@@ -263,6 +276,8 @@ def compute_status(*, generation: int, outcome: Outcome, observed: Observed,
         out["cache"] = cache
     if observed.router is not None:
         out["router"] = dict(observed.router)
+    if outcome.rollout is not None:
+        out["rollout"] = dict(outcome.rollout)
     return out
 
 

@@ -30,6 +30,7 @@ def transition_events(before: Mapping[str, Any], after: Mapping[str, Any],
         events.append(Event("Normal", "Sized", render_summary(planned)[:1000]))
         for warning in planned.warnings:
             events.append(Event("Warning", "PlanWarning", str(warning)))
+    events.extend(rollout_events(before.get("rollout"), after.get("rollout")))
     old_deg, new_deg = condition(before, "Degraded"), condition(after, "Degraded")
     if new_deg.get("status") == "True" and (old_deg.get("status"), old_deg.get("reason")) != (
             "True", new_deg.get("reason")):
@@ -49,3 +50,25 @@ def transition_events(before: Mapping[str, Any], after: Mapping[str, Any],
         events.append(Event("Normal", "StorageWritesRecovered",
                             "L3 (UMBP) stores the pages SGLang backs up again"))
     return events
+
+
+def rollout_events(before: Mapping[str, Any] | None,
+                   after: Mapping[str, Any] | None) -> list[Event]:
+    """A rollout starting (or retargeted: another image, configuration or method), and done."""
+    def key(r: Mapping[str, Any] | None) -> tuple[Any, ...] | None:
+        return None if r is None else (r.get("method"), r.get("image"), r.get("configHash"))
+
+    if after is not None and key(before) != key(after):
+        if after.get("method") == "Replace":
+            return [Event("Normal", "ReplacingPods",
+                          f"{after.get('pods')} pod(s) to replace, the StatefulSet's way: "
+                          f"{after.get('reason')}")]
+        return [Event("Normal", "RollingOutInPlace",
+                      f"{after.get('pods')} pod(s) to update by restarting their engine "
+                      f"container in place: {after.get('reason')}")]
+    if after is None and before is not None:
+        how = "replaced" if before.get("method") == "Replace" else "updated in place"
+        return [Event("Normal", "RolledOut",
+                      f"every pod runs the new template ({before.get('pods')} pod(s) {how}: "
+                      f"image {before.get('image')}, configuration {before.get('configHash')})")]
+    return []
