@@ -43,8 +43,11 @@ def _keep_or_replace(out: Obj, previous: Mapping[str, Any], key: str, new: Any,
 
 
 def cache_block(tiers: Sequence[Mapping[str, Any]] | None, observation: CacheObservation | None,
-                previous: Mapping[str, Any] | None, min_ratio_change: float) -> Obj | None:
-    """The new ``status.cache`` (None when there is nothing to say)."""
+                previous: Mapping[str, Any] | None, min_ratio_change: float,
+                window_seconds: int | None = None) -> Obj | None:
+    """The new ``status.cache`` (None when there is nothing to say). ``window_seconds`` (cache
+    metrics on) is there from the first status on, with ``pods: 0`` until a scrape read one:
+    the first scrape of a CR whose pods are not ready yet then writes nothing."""
     prev = dict(previous or {})
     out: Obj = {}
     if tiers is not None:
@@ -54,6 +57,9 @@ def cache_block(tiers: Sequence[Mapping[str, Any]] | None, observation: CacheObs
     for key in (*_LIVE_KEYS, "windowSeconds", "pods", "message"):
         if key in prev:
             out[key] = prev[key]
+    if window_seconds is not None and tiers is not None:
+        out.setdefault("windowSeconds", window_seconds)
+        out.setdefault("pods", 0)
     if observation is not None:
         out["windowSeconds"] = observation.window_seconds
         out["pods"] = observation.read

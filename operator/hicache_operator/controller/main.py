@@ -12,7 +12,8 @@ import asyncio
 import os
 import socket
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
 import kopf
 
@@ -54,6 +55,18 @@ def default_priority(identity: str | None = None) -> int:
     return zlib.crc32(name.encode()) % 10000 + 1
 
 
+def peering_identity(env: Mapping[str, str] | None = None) -> str | None:
+    """This replica's identity among the peers: its pod's name (POD_NAME, from the downward
+    API). kopf ignores its own identity in the peering object, so a restarted operator (a
+    crashed container, same pod) takes over its predecessor's entry at once instead of pausing
+    up to the peering lifetime (60 s) behind "another operator with the same priority". Two
+    live processes never share it: a pod name is unique in its namespace, and the kubelet
+    stops a container before it starts the next one. Outside a pod (no POD_NAME) kopf makes a
+    unique identity per process (so two operators on one host still pause each other)."""
+    env = os.environ if env is None else env
+    return env.get("POD_NAME") or None
+
+
 def run(args: argparse.Namespace) -> int:
     from . import handlers  # noqa: F401  (registers the handlers with kopf)
 
@@ -61,9 +74,11 @@ def run(args: argparse.Namespace) -> int:
     namespaces = list(args.namespace) or list(config.watch_namespaces)
     logs.setup(config.log_level, verbose=args.verbose)
     metrics.serve(args.metrics_port)
+    identity = peering_identity()
     asyncio.run(kopf.operator(
         standalone=args.standalone,
         peering_name=None if args.standalone else args.peering,
+        identity=cast(Any, identity),  # kopf's Identity is a NewType of str
         priority=args.priority if args.priority is not None else default_priority(),
         liveness_endpoint=args.liveness,
         clusterwide=not namespaces,

@@ -252,7 +252,8 @@ class Reconciler:
             warnings=list(planned.warnings), cache_tiers=planned.cache_tiers(),
             on_delete=strategy.type == "OnDelete",
             partition=strategy.rolling_update.partition if strategy.rolling_update else 0,
-            min_ratio_change=cfg.min_ratio_change)
+            min_ratio_change=cfg.min_ratio_change,
+            window_seconds=cfg.window_seconds if cfg.enabled else None)
 
     async def _grow_claims(self, planned: Any, pvcs: list[Obj], namespace: str,
                            outcome: status.Outcome) -> tuple[status.Outcome, list[str]]:

@@ -82,6 +82,7 @@ class Outcome:
     on_delete: bool = False  # updateStrategy OnDelete
     partition: int = 0  # updateStrategy.rollingUpdate.partition
     min_ratio_change: float = 0.02
+    window_seconds: int | None = None  # cache metrics on: the scrape window (status.cache)
     rollout: Mapping[str, Any] | None = None  # status.rollout (controller/rollout.py)
     rollout_progress: tuple[str, str] | None = None  # Progressing (reason, message)
     rollout_failure: tuple[str, str] | None = None  # (pod, why): Degraded InPlaceUpdateFailed
@@ -271,7 +272,7 @@ def compute_status(*, generation: int, outcome: Outcome, observed: Observed,
     if outcome.status_plan is not None:
         out["plan"] = dict(outcome.status_plan)
     cache = cache_block(outcome.cache_tiers, observed.cache, previous_cache,
-                        outcome.min_ratio_change)
+                        outcome.min_ratio_change, outcome.window_seconds)
     if cache is not None:
         out["cache"] = cache
     if observed.router is not None:

@@ -28,8 +28,11 @@ def transition_events(before: Mapping[str, Any], after: Mapping[str, Any],
         from ..plan import render_summary
 
         events.append(Event("Normal", "Sized", render_summary(planned)[:1000]))
+        # A warning is posted when it appears or changes, not again with every new plan.
+        posted = set((before.get("plan") or {}).get("warnings") or [])
         for warning in planned.warnings:
-            events.append(Event("Warning", "PlanWarning", str(warning)))
+            if str(warning) not in posted:
+                events.append(Event("Warning", "PlanWarning", str(warning)))
     events.extend(rollout_events(before.get("rollout"), after.get("rollout")))
     old_deg, new_deg = condition(before, "Degraded"), condition(after, "Degraded")
     if new_deg.get("status") == "True" and (old_deg.get("status"), old_deg.get("reason")) != (

@@ -1,0 +1,110 @@
+"""What running the operator against a real API server showed: writes it need not make, and a
+restarted operator that waited for its own ghost.
+
+Real: the operator (KopfRunner, or ``python -m hicache_operator run`` as processes with kopf
+peering through the chart's KopfPeering CRD), the emulator; counts are of requests the
+operator sent. Faked: nothing else (no pods run in the first test: the emulated StatefulSet
+controller is stopped, so the world stays exactly as the CR's creation left it).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_lib import EXAMPLES, NAMESPACE, RESYNC_S, Cluster, OperatorProcess, example
+from hicache_operator.controller.main import default_priority
+
+pytestmark = pytest.mark.e2e
+POD_NAME = "sglang-hicache-operator-6d8f9c7b5-x2k4q"
+
+
+def _minimal(name: str) -> dict[str, Any]:
+    return example(next(p for p in EXAMPLES if "minimal" in p.stem), name)
+
+
+def test_a_new_crs_status_is_written_once_the_steady_one(cluster: Cluster, operator: Any) -> None:
+    """The status written at creation already holds what the first resyncs compute (the cache
+    block's window and the pods read so far), so nothing is rewritten while nothing changes."""
+    cluster.emu.call(lambda store: store.listeners.clear())  # no StatefulSet controller: no pods
+    cluster.apply(_minimal("once"))
+    cluster.wait(lambda: ((cluster.cr("once") or {}).get("status") or {}).get(
+        "observedGeneration") == 1, "the first status")
+    time.sleep(4 * RESYNC_S)  # four resyncs, each scraping the (no) ready pods
+    status_writes = [w for w in cluster.emu.writes()
+                     if w.plural == "sglanghicaches" and w.subresource == "status"]
+    assert len(status_writes) == 1, [w.body_keys for w in status_writes]
+    cache = (cluster.cr("once") or {})["status"]["cache"]
+    assert (cache["windowSeconds"], cache["pods"]) == (300, 0)
+
+
+def test_a_plan_warning_is_posted_when_it_appears_or_changes(
+        cluster: Cluster, operator: Any) -> None:
+    cr = _minimal("warned")
+    cr["spec"]["replicas"] = 2
+    cr["spec"]["updateStrategy"] = {"rollingUpdate": {"partition": 2}}
+    cluster.apply(cr)
+
+    def warnings() -> list[str]:
+        return sorted(e["message"] for e in cluster.events("warned")
+                      if e["reason"] == "PlanWarning")
+
+    first = cluster.wait(lambda: (lambda w: w if len(w) == 2 else [])(warnings()),
+                         "the two plan warnings")
+    assert any("partition 2 >= replicas 2" in w for w in first)
+    cluster.patch_spec("warned", {"hiCache": {"hostPoolPerRank": "16Gi"}})  # a new plan
+    cluster.wait(lambda: sum(e["reason"] == "Sized" for e in cluster.events("warned")) == 2,
+                 "the new plan's Sized event")
+    cluster.wait_settled(RESYNC_S)
+    assert warnings() == first  # the same warnings: not posted again
+    cluster.patch_spec("warned", {"updateStrategy": {"rollingUpdate": {"partition": 3}}})
+    changed = cluster.wait(lambda: (lambda w: w if len(w) == 3 else [])(warnings()),
+                           "the changed warning")
+    assert sorted(set(changed) - set(first)) == [
+        "updateStrategy.rollingUpdate.partition 3 >= replicas 2: no pod is updated to a new "
+        "template until it is lowered"]
+
+
+def _peering(cluster: Cluster) -> dict[str, Any]:
+    return cluster.emu.find("kopf.dev/v1", "kopfpeerings", NAMESPACE,
+                            "sglang-hicache-operator") or {}
+
+
+def test_a_restarted_operator_pod_resumes_at_once_and_never_beside_another(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """The operator's peering identity is its pod's name: after a crash (SIGKILL: its entry
+    stays in the peering object, alive for 60 s) the restarted container recognises the entry
+    as its own and resumes at once. An operator with another identity and the same priority
+    is still kept paused while that entry lives (kopf's rule: never two active)."""
+    cluster.emu.create("kopf.dev/v1", "kopfpeerings", {
+        "metadata": {"name": "sglang-hicache-operator", "namespace": NAMESPACE}})
+    env = {"POD_NAME": POD_NAME}
+    first = OperatorProcess(cluster, tmp_path / "first.log")
+    second = OperatorProcess(cluster, tmp_path / "second.log")
+    other = OperatorProcess(cluster, tmp_path / "other.log")
+    try:
+        first.start(standalone=False, env_extra=env)
+        cluster.wait(lambda: "Resuming operations" in first.log, "the operator to run", 60)
+        cr = _minimal("survivor")
+        cluster.apply(cr)
+        cluster.wait_children(cr, timeout=60)
+        first.kill()
+        assert POD_NAME in (_peering(cluster).get("status") or {})  # its entry outlives it
+
+        # A different identity with the same priority (the old behaviour of a restart): paused.
+        other.start("--priority", str(default_priority(POD_NAME)), standalone=False)
+        cluster.wait(lambda: "Possibly conflicting operators with the same priority" in
+                     other.log, "the other operator to pause", 60)
+        other.stop()
+
+        second.start(standalone=False, env_extra=env)
+        cluster.patch_spec("survivor", {"replicas": 2})
+        cr["spec"]["replicas"] = 2
+        cluster.wait_children(cr, timeout=45)  # paused, it would wait for the 60 s lifetime
+        assert "Possibly conflicting" not in second.log
+        assert "Pausing" not in second.log
+    finally:
+        for process in (first, second, other):
+            process.stop()
