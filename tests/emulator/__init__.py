@@ -29,9 +29,14 @@ It speaks the Kubernetes REST API over loopback HTTP well enough to run the real
   (``Store.feature_gates``: fields of a disabled gate are dropped, as the server does);
 - fault injection (``Fault``): error statuses (409, 500, ...), delays, dropped watches
   (``drop_after`` events, or ``drop_watches()`` for every open stream);
-- a minimal StatefulSet controller/kubelet (``WorkloadSimulator``) creating pods and PVCs whose
+- a StatefulSet controller (``WorkloadSimulator``) with Kubernetes' revision bookkeeping
+  (ControllerRevisions, ``controller-revision-hash``, ``currentRevision``/``updateRevision``,
+  partition, RollingUpdate pod by pod within ``maxUnavailable``) creating pods and PVCs whose
   states tests set (ready, failed with a reason, unschedulable, image pull / crash loop), and a
   Deployment controller (``deployments``: the router's pods);
+- the Pod update rule (a running pod's spec changes only in images, tolerations, deadlines) and
+  a kubelet (``kubelet.Kubelet``) that restarts just the container whose image changed, and the
+  engine when its configuration revision changes (what the hicache launcher's watcher does);
 - the router's kinds: Deployments, ServiceAccounts, Roles, RoleBindings, validated with their
   schemas and the update rules the schemas do not state (``apps_rbac``: selector matches the
   template, immutable Deployment selector and RoleBinding roleRef).
@@ -47,8 +52,10 @@ Known gaps versus a real API server (do not rely on these in tests):
 - one served version per CRD, no conversion; CEL: no Kubernetes extension libraries
   (quantity, url, ip, strings ext), no ``messageExpression``, no cost limits; formats unchecked;
 - watch history is bounded (``Store(history_limit)``); bookmarks every ``bookmark_interval``;
-- the StatefulSet simulator replaces all outdated pods at once, never recreates failed pods,
-  and has no scheduler beyond the states tests set; no Deployments/ReplicaSets;
+- the StatefulSet simulator never recreates failed pods, ignores ``minReadySeconds`` and
+  ``OrderedReady`` (pods are managed in parallel, as the operator renders them), deletes a pod
+  at once (no graceful termination), and has no scheduler beyond the states tests set; no
+  Deployments/ReplicaSets;
 - no server-side field selectors beyond dotted-path equality; no table output (kubectl get).
 """
 

@@ -12,16 +12,19 @@ Conditions (``docs/operations.md`` explains each reason and what to do):
 - ``Ready``: ``True``/``AllReplicasReady`` when every pod is ready on the revision the update
   strategy asks for.
 - ``Progressing``: ``True`` while pods are created or rolled (``Creating``, ``RollingOut``,
+  ``RollingOutInPlace`` and ``ReplacingPods`` for updateStrategy InPlaceIfPossible,
   ``WaitingForPods``); ``False`` when ``Available``, when pods are held on the previous
   template by the update strategy (``UpdateHeld``) or when blocked (``Stalled``).
 - ``Degraded``: ``True`` with the most important failure: ``ObjectRejected`` (the API server
-  refused a child), ``TopologyAffinityError``, ``HugepagesUnavailable``, ``GpusUnavailable``,
+  refused a child), ``InPlaceUpdateFailed`` (a pod's engine did not come back from an in-place
+  update; the rollout stops), ``TopologyAffinityError``, ``HugepagesUnavailable``,
+  ``GpusUnavailable``,
   ``SsdVolumePending``, ``Unschedulable``, ``ImagePullError``, ``CrashLoopBackOff``,
   ``PodFailed``, ``RouterUnavailable``, ``RouterMissingPods`` (``router_status``); else
   ``False``/``NoFailures``.
 
 ``replicas`` counts the pods that exist (the scale subresource reads it); ``cache`` is
-``cachestats.status_block.cache_block``.
+``cachestats.status_block.cache_block``; ``rollout`` is ``rollout.Decision.status``.
 """
 
 from __future__ import annotations
