@@ -12,7 +12,6 @@ import copy
 import json
 from typing import Any
 
-import hicache_operator.planner  # noqa: F401  (first: builders and planner import each other)
 import jsonpatch
 import pytest
 from hicache_operator.api.config import OperatorConfig
@@ -24,7 +23,7 @@ from hicache_operator.controller.rollout import (
     decide,
     target_of,
 )
-from hicache_operator.planner import plan
+from hicache_operator.plan import plan
 from shc_testlib import load_example
 
 pytestmark = pytest.mark.unit
