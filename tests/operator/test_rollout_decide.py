@@ -190,3 +190,47 @@ def test_configuration_revisions_are_kept_until_the_statefulset_is_done() -> Non
     assert running.keep_configs == {old_config, "x"}  # a pod may still be made from OLD
     done = _decide(new, _live(new, NEW, NEW), pods, configs=frozenset({old_config, "x"}))
     assert done.keep_configs == frozenset() and done.status is None
+
+
+def test_a_serving_check_holds_the_next_pod_until_the_restarted_one_is_back() -> None:
+    """The extension point for a router's worker set: a Ready pod that a check does not list
+    yet is not done, so the next pod waits; the checks are asked only while a rollout runs."""
+    import asyncio
+
+    from hicache_operator.controller import inplace
+
+    cr = copy.deepcopy(load_example("cpu/tiny-llama-standalone.yaml"))
+    cr["metadata"]["namespace"] = "ns"
+    cr["spec"].update(replicas=3, image="engine:2", updateStrategy={"type": "InPlaceIfPossible"})
+    cr["spec"]["l3"]["image"] = "engine:1"
+    planned = plan(cr, OperatorConfig())
+    new = next(o for o in planned.objects if o["kind"] == "StatefulSet")
+    old = _sts("engine:1")
+    restarted = _pod(new, 2, NEW, container_id="c-2")
+    restarted["metadata"]["annotations"][IN_PLACE_ANNOTATION] = json.dumps(
+        {"revision": NEW, "containerID": "c-1", "requestedAt": "2027-01-15T08:00:00Z"})
+    pods = [_pod(old, 0, OLD), _pod(old, 1, OLD), restarted]
+    asked: list[list[str]] = []
+    workers = {"tiny-llama-sa-0", "tiny-llama-sa-1"}
+
+    async def router(cr: Any, ready: Any) -> set[str]:
+        asked.append(sorted(p["metadata"]["name"] for p in ready))
+        return workers
+
+    def run(pods: list[dict[str, Any]]) -> Decision | None:
+        desired = {(o["apiVersion"], o["kind"], o["metadata"]["name"]): o
+                   for o in planned.objects}
+        live = {(new["apiVersion"], "StatefulSet", new["metadata"]["name"]):
+                _live(new, NEW, OLD)}
+        return asyncio.run(inplace.decide(planned, cr, desired, live, pods, [router], 300,
+                                          clock=lambda: NOW))
+
+    held = run(pods)
+    assert held is not None and held.patches == () and held.status is not None
+    assert held.status["restarting"] == ["tiny-llama-sa-2"]
+    workers.add("tiny-llama-sa-2")  # the router routes to it again
+    moved = run(pods)
+    assert moved is not None and [p.pod for p in moved.patches] == ["tiny-llama-sa-1"]
+    asked.clear()
+    done = [_pod(new, i, NEW) for i in range(3)]
+    assert run(done) is not None and asked == []  # no rollout: the router is not asked

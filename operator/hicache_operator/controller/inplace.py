@@ -80,13 +80,18 @@ async def decide(planned: Any, cr: Mapping[str, Any], desired: dict[ChildKey, Ob
     rolling = strategy.rolling_update
     target = rollout.target_of(desired[sts_key], rolling.partition if rolling else 0,
                                rolling.max_unavailable if rolling else None)
-    serving = await serving_pods(cr, pods, checks)
     live_cm = live.get(cm_key)
     previous = (cr.get("status") or {}).get("rollout")
-    decision = rollout.decide(
-        target, live.get(sts_key), pods, serving=lambda p: p["metadata"]["name"] in serving,
-        live_configs=live_configs(live_cm), previous=previous, now=clock(),
-        restart_timeout_s=restart_timeout_s)
+
+    def decide_with(serving: set[str]) -> rollout.Decision:
+        return rollout.decide(
+            target, live.get(sts_key), pods, serving=lambda p: p["metadata"]["name"] in serving,
+            live_configs=live_configs(live_cm), previous=previous, now=clock(),
+            restart_timeout_s=restart_timeout_s)
+
+    decision = decide_with(await serving_pods(cr, pods, ()))
+    if decision.status is not None and checks:  # a rollout runs: ask the serving checks too
+        decision = decide_with(await serving_pods(cr, pods, checks))
     sts = json.loads(json.dumps(desired[sts_key]))
     sts["spec"]["updateStrategy"] = decision.update_strategy
     desired[sts_key] = sts
