@@ -18,8 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from e2e_lib import EXAMPLES, NAMESPACE, Cluster, OperatorProcess, example
+from e2e_lib import (
+    EXAMPLES,
+    NAMESPACE,
+    Cluster,
+    OperatorProcess,
+    example,
+    write_operator_config,
+)
 from kopf.testing import KopfRunner
 
 pytestmark = pytest.mark.e2e
@@ -240,8 +246,8 @@ def test_a_failed_in_place_update_stops_the_rollout_and_names_the_pod(
 @pytest.fixture
 def short_timeout_operator(cluster: Cluster, tmp_path: Path,
                            monkeypatch: pytest.MonkeyPatch) -> Iterator[KopfRunner]:
-    config = tmp_path / "operator.yaml"
-    config.write_text(yaml.safe_dump({"rollout": {"restartTimeoutSeconds": 10}}))
+    config = write_operator_config(tmp_path / "operator-short.yaml",
+                                   rollout={"restartTimeoutSeconds": 10})
     monkeypatch.setenv("SGLANG_HICACHE_OPERATOR_CONFIG", str(config))
     args = ["run", "--standalone", "-n", NAMESPACE, "-m", "hicache_operator.controller.handlers"]
     with KopfRunner(args, timeout=60) as runner:

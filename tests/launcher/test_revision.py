@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-from hicache_umbp.launch import LaunchError, NodeRoot
+from hicache_umbp.launch.errors import LaunchError
+from hicache_umbp.launch.noderoot import NodeRoot
 from hicache_umbp.launch.revision import (
     CONFIG_ANNOTATION,
     CONFIG_REVISION_ENV,
@@ -105,7 +106,7 @@ def test_the_forked_watcher_stops_its_engine_for_a_new_revision(tmp_path: Path) 
     marker = tmp_path / "stopped"
     script = textwrap.dedent(f"""
         import signal, sys, time
-        from hicache_umbp.launch import NodeRoot
+        from hicache_umbp.launch.noderoot import NodeRoot
         from hicache_umbp.launch.revision import start_watcher
         def stop(*_):
             open({str(marker)!r}, "w").write("SIGTERM")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jsonpatch
@@ -67,7 +68,7 @@ def _decide(new: dict[str, Any], live: dict[str, Any] | None, pods: list[dict[st
             partition: int = 0, max_unavailable: int | str | None = None,
             configs: frozenset[str] = frozenset(), previous: dict[str, Any] | None = None,
             now: float = NOW) -> Decision:
-    def serving(pod: dict[str, Any]) -> bool:
+    def serving(pod: Mapping[str, Any]) -> bool:
         return any(c["type"] == "Ready" and c["status"] == "True"
                    for c in pod["status"]["conditions"])
 
@@ -213,9 +214,13 @@ def test_a_serving_check_holds_the_next_pod_until_the_restarted_one_is_back() ->
     asked: list[list[str]] = []
     workers = {"tiny-llama-sa-0", "tiny-llama-sa-1"}
 
-    async def router(cr: Any, ready: Any) -> set[str]:
-        asked.append(sorted(p["metadata"]["name"] for p in ready))
-        return workers
+    class Router:
+        async def __call__(self, cr: Mapping[str, Any],
+                           pods: Sequence[Mapping[str, Any]]) -> set[str]:
+            asked.append(sorted(p["metadata"]["name"] for p in pods))
+            return workers
+
+    router = Router()
 
     def run(pods: list[dict[str, Any]]) -> Decision | None:
         desired = {(o["apiVersion"], o["kind"], o["metadata"]["name"]): o

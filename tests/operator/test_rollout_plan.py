@@ -136,7 +136,11 @@ def test_without_l3_image_a_new_engine_image_moves_the_sidecars_too_and_the_plan
     p = plan(_cr(unpinned), CONFIG)
     assert any("l3.image is empty" in w for w in p.warnings)
     _, before = _objects(_cr(unpinned))
-    _, after = _objects(_cr(lambda s: (unpinned(s), s.update(image="x/engine:2"))))
+    def new_image(s: dict[str, Any]) -> None:
+        unpinned(s)
+        s.update(image="x/engine:2")
+
+    _, after = _objects(_cr(new_image))
     assert _annotations(after)[POD_HASH_ANNOTATION] != _annotations(before)[POD_HASH_ANNOTATION]
 
 

@@ -17,6 +17,9 @@ REPORT_DIR = "/var/run/hicache"
 REPORT_PATH = f"{REPORT_DIR}/launch-report.json"
 #: The SSD tier's volume in the engine (embedded) or the umbp-ssd sidecar (standalone).
 SSD_MOUNT = "/mnt/umbp-ssd"
+#: The pod's annotations in the engine container (a downward API volume; InPlaceIfPossible).
+POD_INFO_DIR = "/var/run/hicache-pod"
+ANNOTATIONS_FILE = f"{POD_INFO_DIR}/annotations"
 
 
 def standalone_socket_path(socket_dir: str, medium: Medium) -> str:

@@ -91,7 +91,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     sys.stdout.flush()
     sys.stderr.flush()
     if revision is not None:
-        start_watcher(root, revision)  # restarts the engine when the pod's revision changes
+        # restarts the engine (after a drain) when the pod's revision changes
+        start_watcher(root, revision, port=plan.config.port)
     os.execve(plan.command.argv[0], list(plan.command.argv), plan.child_env)
     return 0  # not reached
 

@@ -35,32 +35,33 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 
+from ..contract.paths import ANNOTATIONS_FILE, POD_INFO_DIR
+from ..contract.revisions import (
+    CONFIG_ANNOTATION,
+    CONFIG_KEY_PREFIX,
+    CONFIG_REVISION_ENV,
+    config_key,
+    is_revision_variable,
+)
+from ..drain import drain, read_metrics
 from .errors import LaunchError
 from .noderoot import NodeRoot
 
 log = logging.getLogger("hicache_umbp.launch")
 
-#: The pod annotation naming the configuration revision the pod runs.
-CONFIG_ANNOTATION = "hicache.sglang.ai/config-hash"
-#: The engine container's variable holding that annotation (resolved at container start).
-CONFIG_REVISION_ENV = "HICACHE_CONFIG_REVISION"
-#: ConfigMap keys (so variables under ``envFrom``) holding one revision's environment each.
-CONFIG_KEY_PREFIX = "HICACHE_CONFIG_"
-#: Where the engine container mounts the pod's annotations (a downward API volume).
-POD_INFO_DIR = "/var/run/hicache-pod"
-ANNOTATIONS_FILE = f"{POD_INFO_DIR}/annotations"
-#: How often the watcher reads the annotations file, and how long the engine gets to stop on
-#: SIGTERM before SIGKILL (the pod's terminationGracePeriodSeconds is 120).
+__all__ = ["ANNOTATIONS_FILE", "CONFIG_ANNOTATION", "CONFIG_KEY_PREFIX", "CONFIG_REVISION_ENV",
+           "POD_INFO_DIR", "annotated_revision", "config_key", "parse_annotations",
+           "select_revision", "start_watcher", "watch_revision"]
+
+#: How often the watcher reads the annotations file.
 WATCH_INTERVAL_S = 1.0
+#: Before it stops the engine the watcher lets the requests in flight finish, as the preStop
+#: hook does before a kubelet's SIGTERM (``hicache_umbp.drain``, the same timeout as the hook's:
+#: ``planner.pod_overhead.DRAIN_TIMEOUT_S``); the pod is not terminating, so there is no
+#: endpoint delay.
+STOP_DRAIN_TIMEOUT_S = 300.0
+#: Then SIGTERM, and SIGKILL after this (SGLang's stop releases its host pool meanwhile).
 STOP_GRACE_S = 110.0
-
-
-def config_key(revision: str) -> str:
-    return f"{CONFIG_KEY_PREFIX}{revision}"
-
-
-def _is_revision_key(name: str) -> bool:
-    return name == CONFIG_REVISION_ENV or name.startswith(CONFIG_KEY_PREFIX)
 
 
 def select_revision(env: Mapping[str, str]) -> tuple[dict[str, str], str | None]:
@@ -69,7 +70,7 @@ def select_revision(env: Mapping[str, str]) -> tuple[dict[str, str], str | None]
     Raises :class:`LaunchError` (``InvalidConfig``) when the ConfigMap has no such revision or
     its value is not a JSON object of strings.
     """
-    plain = {k: v for k, v in env.items() if not _is_revision_key(k)}
+    plain = {k: v for k, v in env.items() if not is_revision_variable(k)}
     revision = env.get(CONFIG_REVISION_ENV)
     if revision is None:
         return plain, None
@@ -91,7 +92,7 @@ def select_revision(env: Mapping[str, str]) -> tuple[dict[str, str], str | None]
             isinstance(k, str) and isinstance(v, str) for k, v in values.items()):
         raise LaunchError("InvalidConfig",
                           f"{config_key(revision)} must be a JSON object of strings")
-    bad = sorted(k for k in values if _is_revision_key(k))
+    bad = sorted(k for k in values if is_revision_variable(k))
     if bad:
         raise LaunchError("InvalidConfig", f"{config_key(revision)} may not set {bad}")
     return {**plain, **values}, revision
@@ -125,11 +126,13 @@ def watch_revision(root: NodeRoot, started: str, engine_pid: int, *,
                    grace_s: float = STOP_GRACE_S,
                    alive: Callable[[int], bool] | None = None,
                    kill: Callable[[int, int], None] = os.kill,
-                   sleep: Callable[[float], None] = time.sleep) -> str:
+                   sleep: Callable[[float], None] = time.sleep,
+                   drain_first: Callable[[], tuple[bool, str]] | None = None) -> str:
     """Wait until the pod's annotation names another revision than ``started``, then stop the
-    engine (SIGTERM; SIGKILL after ``grace_s``). Returns the new revision, or ``""`` when the
-    engine ended first. A missing file or annotation is not a change (a volume being updated
-    is replaced atomically, so a read never sees half a file)."""
+    engine: ``drain_first`` (the requests in flight finish), SIGTERM, SIGKILL after
+    ``grace_s``. Returns the new revision, or ``""`` when the engine ended first. A missing file
+    or annotation is not a change (a volume being updated is replaced atomically, so a read
+    never sees half a file)."""
     def running(pid: int) -> bool:
         # The engine is this watcher's parent: once it ends the watcher is re-parented (an
         # ended engine's pid may linger as a zombie, so kill(pid, 0) would not tell).
@@ -144,6 +147,9 @@ def watch_revision(root: NodeRoot, started: str, engine_pid: int, *,
         sleep(interval_s)
     log.warning("configuration revision changed from %s to %s (%s): stopping the engine so "
                 "the kubelet restarts it on the new revision", started, now, CONFIG_ANNOTATION)
+    if drain_first is not None:
+        _, message = drain_first()
+        log.warning("%s", message)
     kill(engine_pid, signal.SIGTERM)
     waited = 0.0
     while running(engine_pid) and waited < grace_s:
@@ -155,10 +161,12 @@ def watch_revision(root: NodeRoot, started: str, engine_pid: int, *,
     return now
 
 
-def start_watcher(root: NodeRoot, started: str, path: str = ANNOTATIONS_FILE) -> int | None:
+def start_watcher(root: NodeRoot, started: str, path: str = ANNOTATIONS_FILE, *,
+                  port: int | None = None) -> int | None:
     """Fork the watcher for the process about to exec the engine (this process's pid is the
-    engine's after ``execve``). Returns the watcher's pid in the parent; never returns in the
-    child. None when the pod has no annotations file (no downward API volume mounted)."""
+    engine's after ``execve``); with ``port`` (the engine's HTTP port) it drains the engine
+    before stopping it. Returns the watcher's pid in the parent; never returns in the child.
+    None when the pod has no annotations file (no downward API volume mounted)."""
     if not root.exists(path):
         log.warning("%s is missing: a new configuration revision will not restart the "
                     "engine by itself", path)
@@ -168,8 +176,12 @@ def start_watcher(root: NodeRoot, started: str, path: str = ANNOTATIONS_FILE) ->
     if pid:
         return pid
     code = 0
+    def drain_engine() -> tuple[bool, str]:
+        return drain(f"http://127.0.0.1:{port}", STOP_DRAIN_TIMEOUT_S, 0.0, fetch=read_metrics)
+
     try:  # the child: never return into the launcher
-        watch_revision(root, started, engine_pid, path=path)
+        watch_revision(root, started, engine_pid, path=path,
+                       drain_first=drain_engine if port is not None else None)
     except BaseException:
         log.exception("the configuration watcher failed")
         code = 1

@@ -215,13 +215,15 @@ class RolloutConfig(ApiModel):
     """How the operator runs in-place rollouts (updateStrategy InPlaceIfPossible)."""
 
     restart_timeout_seconds: int = Field(
-        default=300,
+        default=600,
         ge=10,
         le=86400,
         description="An in-place update fails (Degraded InPlaceUpdateFailed, the rollout "
         "stops) when the pod's engine container is still the old one this long after the "
-        "update: the kubelet restarts it at once for a new image, and the hicache launcher "
-        "(the engine's command) stops it within seconds for a new configuration.",
+        "update. For a new image the kubelet stops it at once (after the preStop drain); for "
+        "a new configuration the hicache launcher (the engine's command) stops it within "
+        "seconds, after letting the requests in flight finish (at most 300 s), so keep this "
+        "above 410 s.",
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hicache_umbp.launch.revision import config_key
+from hicache_umbp.contract.revisions import config_key
 
 from .context import BuildInput
 

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from hicache_umbp.launch.revision import CONFIG_ANNOTATION
+from hicache_umbp.contract.revisions import CONFIG_ANNOTATION
 
 from ..api.config import OperatorConfig
 from ..api.k8s import IN_PLACE

@@ -12,8 +12,8 @@ from typing import Any
 from hicache_umbp.contract.media import Medium
 from hicache_umbp.contract.mori_env import standalone_server_env
 from hicache_umbp.contract.names import DRAIN_COMMAND, LAUNCH_COMMAND
-from hicache_umbp.contract.paths import REPORT_DIR, SOCKET_DIR, SSD_MOUNT
-from hicache_umbp.launch.revision import CONFIG_REVISION_ENV, POD_INFO_DIR
+from hicache_umbp.contract.paths import POD_INFO_DIR, REPORT_DIR, SOCKET_DIR, SSD_MOUNT
+from hicache_umbp.contract.revisions import CONFIG_REVISION_ENV
 
 from ..api.quantity import format_bytes
 from ..planner.engine import (

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from hicache_umbp.launch.revision import CONFIG_KEY_PREFIX, CONFIG_REVISION_ENV, config_key
+from hicache_umbp.contract.revisions import CONFIG_KEY_PREFIX, CONFIG_REVISION_ENV, config_key
 
 from ..api.k8s import IN_PLACE
 from . import metrics, rollout, status

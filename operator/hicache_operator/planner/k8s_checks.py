@@ -14,8 +14,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from hicache_umbp.contract.paths import REPORT_DIR, SOCKET_DIR, SSD_MOUNT
-from hicache_umbp.launch.revision import POD_INFO_DIR
+from hicache_umbp.contract.paths import POD_INFO_DIR, REPORT_DIR, SOCKET_DIR, SSD_MOUNT
 
 from ..api.k8s import Affinity, LabelSelector, NodeSelectorTerm, PodAffinity
 from ..api.spec import SGLangHiCacheSpec
