@@ -9,7 +9,7 @@ EXAMPLE ?= examples/deepseek-r1-mi355x.yaml
 
 .PHONY: help venv demo test lint test-unit test-mori test-sglang test-pod test-e2e test-chart \
         engine-env pod-node-tools chart-tools router-env bench-router bench-l3 bench-host-pool bench-plan bench-sglang \
-        bench-backends bench-pod bench-reconcile bench-sidecar-slots render-chart crd env-doc clean
+        bench-backends bench-pod bench-rollout bench-reconcile bench-sidecar-slots render-chart crd env-doc clean
 
 help:
 	@echo "make demo   - plan an example SGLangHiCache CR and show what the operator would create"
@@ -92,6 +92,10 @@ bench-backends: engine-env
 
 bench-pod: engine-env pod-node-tools
 	$(ENGINE_PY) bench/pod.py
+
+# An engine-only rollout in place vs by replacing the pod, on a served pod with a warm L3 (root).
+bench-rollout: engine-env pod-node-tools
+	$(ENGINE_PY) bench/rollout.py
 
 bench-reconcile: venv
 	$(PY) bench/reconcile.py

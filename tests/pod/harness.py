@@ -98,7 +98,8 @@ def pod_of(sts: dict[str, Any], ordinal: int = 0) -> tuple[PodMeta, dict[str, An
         spec.setdefault("volumes", []).append(
             {"name": ct["metadata"]["name"], "persistentVolumeClaim": {"claimName": claim}})
     meta = PodMeta(name=name, namespace=sts["metadata"].get("namespace", "default"),
-                   labels=dict(tpl["metadata"].get("labels", {})))
+                   labels=dict(tpl["metadata"].get("labels", {})),
+                   annotations=dict(tpl["metadata"].get("annotations", {})))
     return meta, spec, claims
 
 

@@ -35,6 +35,7 @@ class PodMeta:
     node_name: str = "mi355x-node-0"
     pod_ip: str = "127.0.0.1"
     labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
 
 
 _FIELDS = {
@@ -80,13 +81,25 @@ def container_env(container: dict[str, Any], configmaps: dict[str, dict[str, str
     return env
 
 
+_SUBSCRIPT = re.compile(r"^metadata\.(labels|annotations)\['([^']+)'\]$")
+
+
+def field_value(path: str, meta: PodMeta) -> str:
+    """A downward-API ``fieldRef`` as the kubelet resolves it when the container starts (a
+    missing label or annotation is the empty string)."""
+    sub = _SUBSCRIPT.match(path)
+    if sub is not None:
+        values = meta.labels if sub.group(1) == "labels" else meta.annotations
+        return str(values.get(sub.group(2), ""))
+    if path not in _FIELDS:
+        raise NotImplementedError(f"fieldRef {path}")
+    return str(_FIELDS[path](meta))
+
+
 def _value_from(src: dict[str, Any], container: dict[str, Any],
                 configmaps: dict[str, dict[str, str]], meta: PodMeta) -> str:
     if "fieldRef" in src:
-        path = src["fieldRef"]["fieldPath"]
-        if path not in _FIELDS:
-            raise NotImplementedError(f"fieldRef {path}")
-        return str(_FIELDS[path](meta))
+        return field_value(src["fieldRef"]["fieldPath"], meta)
     if "resourceFieldRef" in src:
         ref = src["resourceFieldRef"]
         kind, _, res = ref["resource"].partition(".")

@@ -25,6 +25,7 @@ environment; see :class:`pod.image.Image`), GPUs (see :mod:`pod.node`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -40,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import podspec
+from . import downward, podspec
 from .image import Image
 from .node import Node, kill_cgroup
 from .podspec import PodMeta, Probe
@@ -94,6 +95,7 @@ class Container:
         self.env: dict[str, str] = {}
         self._probe_stop = threading.Event()
         self.generation = 0
+        self.replacing = False  # being restarted for a new spec (not a crash to back off)
 
     # -- process ------------------------------------------------------------------------------
     def _new_layer(self) -> dict[str, str]:
@@ -141,6 +143,10 @@ class Container:
             *pod.image.groups, pod_sc.get("fsGroup"), *pod_sc.get("supplementalGroups", []))
             if g is not None))
         gpus = podspec.gpus(spec, pod.gpu_resource)
+        # A new container is neither started nor ready until its probes say so (set before the
+        # generation moves: whoever sees the new generation must not see the old readiness).
+        self.started.clear()
+        self.ready = False
         self.generation += 1
         shim_spec = {
             "stage_dir": str(pod.dir / "stage" / self.name),
@@ -166,8 +172,6 @@ class Container:
         spec_path.parent.mkdir(parents=True, exist_ok=True)
         spec_path.write_text(json.dumps(shim_spec))
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.started.clear()
-        self.ready = False
         with open(self.log_path, "ab") as log:
             log.write(f"==== start #{self.restarts} at {time.time():.3f}\n".encode())
             log.flush()
@@ -311,6 +315,7 @@ class Pod:
         self._stop = threading.Event()
         self._tmpfs: list[Path] = []
         self.volumes: dict[str, Path] = {}
+        self._downward: dict[str, tuple[Path, list[dict[str, Any]]]] = {}
         self.containers: list[Container] = []
         self._supervisor: threading.Thread | None = None
 
@@ -398,12 +403,26 @@ class Pod:
                 path.mkdir(parents=True, exist_ok=True)
                 for k, v in self.configmaps[vol["configMap"]["name"]].items():
                     (path / k).write_text(v)
+            elif "downwardAPI" in vol:
+                path.mkdir(parents=True, exist_ok=True)
+                os.chmod(path, 0o755)
+                self._downward[name] = path, list(vol["downwardAPI"].get("items") or [])
             else:
                 raise NotImplementedError(f"volume {name}: {sorted(vol)}")
             self.volumes[name] = path
         if fs_group is not None:
             for path in self.volumes.values():
                 _own_group(path, int(fs_group))
+        self._write_downward()
+
+    def _write_downward(self) -> None:
+        """The kubelet (re)writes downward API volumes from the pod as the API shows it."""
+        fields = {"metadata.name": self.meta.name, "metadata.namespace": self.meta.namespace,
+                  "metadata.uid": self.meta.uid, "metadata.labels": self.meta.labels,
+                  "metadata.annotations": self.meta.annotations}
+        for name, (path, items) in self._downward.items():
+            if downward.write(path, downward.render(items, fields)):
+                self.event(name, "DownwardAPIUpdated", f"{len(items)} file(s)")
 
     def volume_host_path(self, name: str) -> Path:
         if name not in self.volumes:
@@ -436,10 +455,11 @@ class Pod:
         backoff: dict[str, float] = {}
         while not self._stop.wait(0.2):
             for c in self.containers:
-                if c.role == "init" or c.proc is None or c.proc.poll() is None:
+                if c.role == "init" or c.proc is None or c.proc.poll() is None or c.replacing:
                     continue
                 rc = c.proc.returncode
                 c.exit_codes.append(rc)
+                c.ready = False  # a terminated container is not ready (the kubelet's status)
                 c._probe_stop.set()
                 kill_cgroup(c.cgroup)
                 delay = backoff.get(c.name, self.backoff_initial_s)
@@ -451,6 +471,41 @@ class Pod:
                     return
                 c.restarts += 1
                 c.start()
+
+    def update(self, labels: dict[str, str], annotations: dict[str, str],
+               spec: dict[str, Any]) -> list[str]:
+        """The pod as the API server now stores it (an update: only labels, annotations and
+        container images may differ, the Pod update rule), acted on as a kubelet does: the
+        downward API volumes are rewritten, and a container whose image changed is killed and
+        started anew (the kubelet compares containers by name and image; the other containers
+        and the volumes stay). Returns the containers restarted."""
+        old = {c["name"]: c for c, _ in podspec.containers_in_start_order(self.spec)}
+        for c_spec, _ in podspec.containers_in_start_order(spec):
+            before = old.get(c_spec["name"])
+            if before is None or {**before, "image": ""} != {**c_spec, "image": ""}:
+                raise ValueError(f"pod updates may not change fields other than images "
+                                 f"(container {c_spec['name']})")
+        self.meta = dataclasses.replace(self.meta, labels=dict(labels),
+                                        annotations=dict(annotations))
+        self.spec = spec
+        self._write_downward()
+        restarted = []
+        for c_spec, _ in podspec.containers_in_start_order(spec):
+            c = self.container(c_spec["name"])
+            if c.spec.get("image") == c_spec.get("image"):
+                continue
+            c.replacing = True
+            try:
+                self.event(c.name, "Killing",
+                           f"Container {c.name} definition changed, will be restarted")
+                c.kill(reason="Killing")
+                c.spec = c_spec
+                c.restarts += 1
+                c.start()
+            finally:
+                c.replacing = False
+            restarted.append(c.name)
+        return restarted
 
     def _started_or_looping(self, c: Container, max_restarts: int = 2) -> bool:
         if c.restarts > max_restarts:
