@@ -5,8 +5,9 @@ from the rollout decision, then send its pod patches.
 :class:`ServingCheck`) and carries its decision out through the one API module.
 
 ``ServingCheck`` is the extension point for "ready to take traffic" beyond the pod's Ready
-condition: a router that keeps its own worker set adds a check returning the pods it routes to,
-and a rollout then waits for each restarted pod to be back in that set before the next.
+condition: where a router serves the CR, the reconciler adds one returning the pods the router
+routes to (``Reconciler._serving_checks``), and a rollout then waits for each restarted pod to be
+back in that set before the next.
 """
 
 from __future__ import annotations

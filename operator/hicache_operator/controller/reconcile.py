@@ -27,7 +27,13 @@ from . import diff, inplace, metrics, status, volumes
 from .apply import ChildKey, ChildMemory, ChildWriter
 from .kube import CHILD_KINDS, KubeClient, KubeError
 from .logs import cr_logger
-from .router_status import RouterReader, router_block, router_pod_selector, router_serving
+from .router_status import (
+    RouterReader,
+    routed_pods,
+    router_block,
+    router_pod_selector,
+    router_serving,
+)
 from .transitions import Event, transition_events
 
 Obj = dict[str, Any]
@@ -306,7 +312,8 @@ class Reconciler:
         if planned is not None:
             planned_objects = {_key(o): o for o in planned.objects}
             decision = await inplace.decide(
-                planned, body, planned_objects, live, pods, self.serving_checks,
+                planned, body, planned_objects, live, pods,
+                self._serving_checks(planned, live, (namespace, name)),
                 self.config.rollout.restart_timeout_seconds)
             desired = {k: self._desired(o, body) for k, o in planned_objects.items()}
             # Drift checks need no copy of the last-applied annotation (it repeats the object).
@@ -371,6 +378,20 @@ class Reconciler:
         if planned is None or trigger != "timer" or not self.config.cache_metrics.enabled:
             return None
         return await self.observer.observe(key, pods, planned.spec.engine.port)
+
+    def _serving_checks(self, planned: Any, live: Mapping[ChildKey, Obj],
+                        key: tuple[str, str]) -> list[inplace.ServingCheck]:
+        """What "serving" means to an in-place rollout of this CR: Ready, plus the router's
+        worker set (read afresh) where a router serves the CR's Service."""
+        checks = list(self.serving_checks)
+        if getattr(planned, "router", None) is None or not router_serving(live, key[1]):
+            return checks
+
+        async def routed(cr: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> set[str]:
+            router_pods = await self.kube.list("v1", "Pod", key[0], router_pod_selector(key[1]))
+            seen = await self.router_reader.observe(key, router_pods, planned.spec.router.port)
+            return routed_pods(pods, seen)
+        return [*checks, routed]
 
     async def _observe_router(self, planned: Any, trigger: str, key: tuple[str, str],
                               live: Mapping[ChildKey, Obj], pods: list[Obj],

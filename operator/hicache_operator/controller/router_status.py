@@ -135,6 +135,16 @@ def router_block(*, deployment: Mapping[str, Any] | None, serving: bool,
     return block, issues
 
 
+def routed_pods(pods: Sequence[Mapping[str, Any]],
+                observation: RouterObservation) -> set[str]:
+    """The engine pods the router routes to now (matched by pod IP): an in-place rollout's
+    serving check, so the next pod restarts only once the router sends to the restarted one.
+    An unreadable router routes to none of them: the rollout waits, it does not fail."""
+    healthy = observation.healthy_ips or frozenset()
+    return {str(p["metadata"]["name"]) for p in pods
+            if (p.get("status") or {}).get("podIP") in healthy}
+
+
 def router_pod_selector(name: str) -> str:
     """The router pods' labels (``BuildInput.router_selector``)."""
     return f"app.kubernetes.io/name=sglang-hicache-router,app.kubernetes.io/instance={name}"

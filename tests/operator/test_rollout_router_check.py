@@ -1,0 +1,83 @@
+"""In-place rollouts wait for the router: where a router serves the CR, its worker set (read
+afresh from the router) is a serving check, so the next pod restarts only once the router
+routes to the restarted one (``Reconciler._serving_checks``, ``router_status.routed_pods``).
+The rollout decision's side of it is in test_rollout_decide.py (a serving check holds the next
+pod). Real: the planner, the reconciler; faked: the API client and the router's answer."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+from hicache_operator.api.config import OperatorConfig
+from hicache_operator.controller.reconcile import Reconciler
+from hicache_operator.controller.router_status import (
+    RouterObservation,
+    routed_pods,
+    router_pod_selector,
+)
+from hicache_operator.plan import plan
+from shc_testlib import load_example
+
+
+def _pod(name: str, ip: str | None) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "status": {"podIP": ip} if ip else {}}
+
+
+def test_the_routed_pods_are_the_router_s_healthy_workers_by_pod_ip() -> None:
+    pods = [_pod("a-0", "10.0.0.1"), _pod("a-1", "10.0.0.2"), _pod("a-2", None)]
+    seen = RouterObservation(frozenset({"10.0.0.2", "10.9.9.9"}), workers=3)
+    assert routed_pods(pods, seen) == {"a-1"}
+    # an unreadable router routes to none of them: the rollout waits (it does not fail)
+    assert routed_pods(pods, RouterObservation(None, error="GET /workers failed")) == set()
+
+
+class _Kube:
+    def __init__(self) -> None:
+        self.lists: list[tuple[str, str, str]] = []
+
+    async def list(self, api_version: str, kind: str, namespace: str,
+                   selector: str) -> list[dict[str, Any]]:
+        self.lists.append((kind, namespace, selector))
+        return [_pod("router-pod", "10.0.9.1")]
+
+
+def test_a_rollout_asks_the_router_where_it_serves_the_cr(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    cr = copy.deepcopy(load_example("cpu/tiny-llama-standalone.yaml"))
+    cr["metadata"]["namespace"] = "ns"
+    cr["spec"].update(replicas=2, updateStrategy={"type": "InPlaceIfPossible"})
+    name = cr["metadata"]["name"]
+    planned = plan(cr, OperatorConfig())
+    assert planned.router is not None  # on by default from 2 replicas
+    kube = _Kube()
+    rec = Reconciler(kube, OperatorConfig())  # type: ignore[arg-type]
+    asked: list[tuple[tuple[str, str], list[str], int]] = []
+
+    async def observe(key: tuple[str, str], router_pods: Sequence[Mapping[str, Any]],
+                      port: int) -> RouterObservation:
+        asked.append((key, [p["metadata"]["name"] for p in router_pods], port))
+        return RouterObservation(frozenset({"10.0.0.1"}), workers=2)
+
+    monkeypatch.setattr(rec.router_reader, "observe", observe)
+    # The router's Deployment has no available pod and the Service does not point at it yet:
+    # the router serves nothing, Ready alone counts.
+    assert rec._serving_checks(planned, {}, ("ns", name)) == []
+    live: dict[tuple[str, str, str], dict[str, Any]] = {
+        ("apps/v1", "Deployment", f"{name}-router"): {"status": {"availableReplicas": 1}}}
+    checks = rec._serving_checks(planned, live, ("ns", name))
+    assert len(checks) == 1 and kube.lists == []  # asked only when the rollout asks
+    pods = [_pod(f"{name}-0", "10.0.0.1"), _pod(f"{name}-1", "10.0.0.2")]
+    assert asyncio.run(checks[0](cr, pods)) == {f"{name}-0"}
+    assert kube.lists == [("Pod", "ns", router_pod_selector(name))]
+    assert asked == [(("ns", name), ["router-pod"], planned.spec.router.port)]
+
+    # One replica: no router, nothing to ask.
+    single = copy.deepcopy(cr)
+    single["spec"]["replicas"] = 1
+    alone = plan(single, OperatorConfig())
+    assert alone.router is None
+    assert rec._serving_checks(alone, live, ("ns", name)) == []
