@@ -44,6 +44,10 @@ def _cr(name: str, replicas: int = 3, **rolling: Any) -> dict[str, Any]:
     spec["l3"]["image"] = IMAGE  # the sidecars keep their image when the engine's changes
     spec["updateStrategy"] = {"type": "InPlaceIfPossible",
                               **({"rollingUpdate": rolling} if rolling else {})}
+    # No router (on by default from 2 replicas): the emulator runs no router process, so its
+    # Deployment never gets a ready pod and the CR would be Degraded (RouterUnavailable). What
+    # a rollout asks of a router is tested in tests/operator/test_rollout_router_check.py.
+    spec["router"] = {"enabled": False}
     return cr
 
 
