@@ -26,10 +26,20 @@ Writes land in DRAM and reach SSD by the write policy:
   to SSD synchronously from the caller's buffer.
 * ``write_through``: the call returns after both tiers were written.
 
-A page is reported stored only when a tier holds it: DRAM took it (or held it), or the SSD side
-holds it (already there, or written synchronously). Pages DRAM refuses (full, or its server
-down) are written to SSD synchronously, never only queued: a queued copy is not a stored page
-until SSD accepts it.
+A page is reported stored only when a tier that *keeps* it holds it: the SSD side (on SSD, or
+pending in the write-back ring, which keeps it until SSD has it). DRAM alone does not count:
+it evicts on its own, so a page acknowledged on the strength of a DRAM copy whose SSD write was
+refused would be lost without a word (issue 17: 52 of 96 acknowledged pages, read-then-write on
+real mori). The one exception is a page larger than the SSD tier's staging slot, which can only
+ever live in DRAM (``ssd_too_large``, warned). Pages DRAM refuses (full, or its server down) are
+written to SSD synchronously, never only queued.
+
+Refused SSD writes are retried, never dropped silently (:mod:`hicache_umbp.store.writeback`): the
+write-back writer keeps refused keys pending and retries them until the SSD takes them; a
+synchronous write retries its refused keys within one fair window (holding the SSD read gate:
+this client's SSD reads wait, so they cannot renew mori's read lease) and reports the pages the
+SSD still refuses as not stored (``ssd_refused``, warned). While the SSD keeps refusing, further
+synchronous writes try once without a window, for ``REFUSING_HOLD_S``.
 
 Why copy inside the put rather than DRAM -> SSD in the background: on real mori 1.2.4 a DRAM
 tier full of keys that were read evicts a fresh put within the same call, before any background
@@ -44,6 +54,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -52,7 +63,7 @@ from ..contract.staging import SSD_STAGING_SLOTS
 from .protocol import UMBPClientLike
 from .ratelimit import RateLimitedLog
 from .ring import MemfdStaging, StagingBuffer
-from .writeback import BatchCall, WriteBackRing
+from .writeback import RETRY_PAUSE_S, RETRY_WINDOW_S, BatchCall, WriteBackRing, retry_refused
 
 __all__ = ["TierStats", "TieredClient"]
 
@@ -60,6 +71,8 @@ log = logging.getLogger(__name__)
 
 WritePolicy = Literal["write_back", "write_through"]
 WRITE_POLICIES: tuple[str, ...] = ("write_back", "write_through")
+#: After a synchronous SSD write ended refused, further ones skip the fair window this long.
+REFUSING_HOLD_S = 1.0
 
 
 @dataclass
@@ -70,11 +83,17 @@ class TierStats:
     misses: int = 0  # keys of pages no side held whole
     promotions: int = 0  # SSD-side hits copied into DRAM
     ssd_direct_writes: int = 0  # keys written to SSD inside the put
+    ssd_retries: int = 0  # key writes repeated inside the put after the SSD refused them
+    ssd_refused: int = 0  # keys the SSD refused inside the put: their pages were not stored
     writeback_queued: int = 0
     writeback_waits: int = 0  # puts that waited for ring room
     writeback_wait_timeouts: int = 0  # ... and gave up, writing through instead
     writeback_done: int = 0  # keys the background thread wrote to SSD
-    writeback_failed: int = 0  # queued keys SSD refused
+    writeback_retries: int = 0  # key writes the background thread repeated after a refusal
+    writeback_stalls: int = 0  # times queued keys were still refused after a fair window
+    writeback_failed: int = 0  # acknowledged keys dropped unwritten (at close, after retrying)
+    writeback_pending: int = 0  # keys in the ring, not yet on SSD (now)
+    writeback_stalled: int = 0  # 1 while queued keys wait for an SSD that keeps refusing
     ssd_calls: int = 0
     partial_pages_skipped: int = 0  # page writes a tier skipped: it held part of the page
     ssd_too_large: int = 0  # keys larger than the SSD accepts (never queued)
@@ -99,6 +118,8 @@ class TieredClient:
         on_close: Callable[[], None] | None = None,
         parts_per_page: int = 1,
         ssd_max_value_bytes: int | None = None,
+        retry_window_s: float = RETRY_WINDOW_S,
+        retry_pause_s: float = RETRY_PAUSE_S,
     ) -> None:
         if write_policy not in WRITE_POLICIES:
             raise ValueError(
@@ -122,6 +143,10 @@ class TieredClient:
         self._warn = RateLimitedLog(log, log_interval_s)
         self._lock = threading.Lock()  # counters
         self._put_lock = threading.Lock()  # one put (or promotion) at a time: pages are atomic
+        # Held around this client's SSD reads, and by a fair retry window (see the docstring).
+        self._ssd_gate = threading.Lock()
+        self._retry_window_s = retry_window_s
+        self._refusing_until = 0.0  # monotonic time until which sync writes skip the window
         self._stats = TierStats()
         self._closed = False
         self._ring: WriteBackRing | None = None
@@ -135,6 +160,9 @@ class TieredClient:
                 staging=staging,
                 register=(dram, ssd),
                 warn=self._warn,
+                gate=self._ssd_gate,
+                retry_window_s=retry_window_s,
+                retry_pause_s=retry_pause_s,
             )
 
     @property
@@ -160,7 +188,6 @@ class TieredClient:
         pages = range(n // ppp)
         in_dram = self._pages(self._exists(self.dram, "dram", keys), ppp)
         on_ssd = self._pages(self._ssd_side(keys), ppp)
-        stored = [d == "all" or s == "all" for d, s in zip(in_dram, on_ssd, strict=True)]
         skipped = sum(d == "part" for d in in_dram) + sum(s == "part" for s in on_ssd)
         # DRAM takes the pages it holds no part of.
         to_dram = [p for p in pages if in_dram[p] == "none"]
@@ -172,7 +199,8 @@ class TieredClient:
             for j, p in enumerate(to_dram):
                 dram_whole[p] = all(ok[j * ppp : (j + 1) * ppp])
         # The SSD side takes the pages it holds no part of (and that fit its slots).
-        to_ssd = [p for p in pages if on_ssd[p] == "none" and self._fits(sizes, p, ppp)]
+        fits = [self._fits(sizes, p, ppp) for p in pages]
+        to_ssd = [p for p in pages if on_ssd[p] == "none" and fits[p]]
         queued: list[int] = []
         if self._ring is not None:  # write-back: only what DRAM holds; the rest synchronously
             queued = self._queue([p for p in to_ssd if dram_whole[p]], keys, ptrs, sizes, ppp)
@@ -180,7 +208,7 @@ class TieredClient:
         ssd_whole: dict[int, bool] = {p: True for p in queued}
         if direct:
             idx = _keys_of(direct, ppp)
-            ok = self._ssd_batches(self.ssd.batch_put_from_ptr, *_select(idx, keys, ptrs, sizes))
+            ok = self._ssd_put(*_select(idx, keys, ptrs, sizes))
             for j, p in enumerate(direct):
                 ssd_whole[p] = all(ok[j * ppp : (j + 1) * ppp])
             with self._lock:
@@ -188,7 +216,9 @@ class TieredClient:
         if skipped:
             with self._lock:
                 self._stats.partial_pages_skipped += skipped
-        result = [stored[p] or dram_whole[p] or ssd_whole.get(p, False) for p in pages]
+        # Stored: the SSD side holds the page whole; DRAM only for a page no SSD slot can take.
+        result = [on_ssd[p] == "all" or ssd_whole.get(p, False) or (not fits[p] and dram_whole[p])
+                  for p in pages]
         return [result[i // ppp] for i in range(n)]
 
     def _queue(
@@ -229,7 +259,9 @@ class TieredClient:
             ring_hits = self._ring.read_pending(miss, keys, ptrs, sizes, side)
         rest = [i for i in miss if not side[i]]
         if rest:
-            ok = self._ssd_batches(self.ssd.batch_get_into_ptr, *_select(rest, keys, ptrs, sizes))
+            with self._ssd_gate:  # a fair retry window holds it: reads would renew the lease
+                ok = self._ssd_batches(self.ssd.batch_get_into_ptr,
+                                       *_select(rest, keys, ptrs, sizes))
             for j, i in enumerate(rest):
                 side[i] = ok[j]
             ssd_hits = sum(ok)
@@ -307,12 +339,12 @@ class TieredClient:
             self.ssd.deregister_memory(ptr)
 
     def flush(self) -> bool:
-        """Wait until every queued key was written to SSD, then flush both tiers."""
-        if self._ring is not None:
-            self._ring.flush()
+        """Wait until every queued key was written to SSD, then flush both tiers; False while
+        the SSD keeps refusing queued keys (they stay in the ring, readable)."""
+        drained = self._ring.flush() if self._ring is not None else True
         d = self.dram.flush()
         s = self.ssd.flush()
-        return d is True and s is True
+        return drained and d is True and s is True
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -323,7 +355,9 @@ class TieredClient:
             wb = self._ring.snapshot()
             out.writeback_queued, out.writeback_waits = wb.queued, wb.waits
             out.writeback_wait_timeouts, out.writeback_done = wb.wait_timeouts, wb.done
-            out.writeback_failed = wb.failed
+            out.writeback_retries, out.writeback_stalls = wb.retried, wb.stalls
+            out.writeback_failed, out.writeback_pending = wb.failed, wb.pending
+            out.writeback_stalled = int(wb.stalled)
         return out
 
     def close(self) -> None:
@@ -377,6 +411,32 @@ class TieredClient:
             self._warn.warn("ssd_too_large", "a page part is larger than the SSD tier's %d-byte "
                             "staging slot; kept in DRAM only", limit)
         return not big
+
+    def _ssd_put(self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int]
+                 ) -> list[bool]:
+        """A synchronous SSD write: keys the SSD refuses are retried within one fair window
+        (skipped while the SSD keeps refusing); what it still refuses is counted and warned."""
+
+        def put(k: Sequence[str], p: Sequence[int], s: Sequence[int]) -> list[bool]:
+            return self._ssd_batches(self.ssd.batch_put_from_ptr, k, p, s)
+
+        ok = put(keys, ptrs, sizes)
+        retried = 0
+        stalled = self._ring is not None and self._ring.stalled
+        if not all(ok) and not stalled and time.monotonic() >= self._refusing_until:
+            retried = retry_refused(put, keys, ptrs, sizes, ok, gate=self._ssd_gate,
+                                    window_s=self._retry_window_s)
+        refused = len(ok) - sum(ok)
+        if refused:
+            self._refusing_until = time.monotonic() + REFUSING_HOLD_S
+        with self._lock:
+            self._stats.ssd_retries += retried
+            self._stats.ssd_refused += refused
+        if refused:
+            self._warn.warn("ssd_refused", "the SSD tier refused %d of %d keys of a synchronous "
+                            "write after retrying; those pages are reported not stored",
+                            refused, len(ok))
+        return ok
 
     def _ssd_batches(
         self, call: BatchCall, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int]
