@@ -27,19 +27,9 @@ Writes land in DRAM and reach SSD by the write policy:
 * ``write_through``: the call returns after both tiers were written.
 
 A page is reported stored only when a tier that *keeps* it holds it: the SSD side (on SSD, or
-pending in the write-back ring, which keeps it until SSD has it). DRAM alone does not count:
-it evicts on its own, so a page acknowledged on the strength of a DRAM copy whose SSD write was
-refused would be lost without a word (issue 17: 52 of 96 acknowledged pages, read-then-write on
-real mori). The one exception is a page larger than the SSD tier's staging slot, which can only
-ever live in DRAM (``ssd_too_large``, warned). Pages DRAM refuses (full, or its server down) are
-written to SSD synchronously, never only queued.
-
-Refused SSD writes are retried, never dropped silently (:mod:`hicache_umbp.store.writeback`): the
-write-back writer keeps refused keys pending and retries them until the SSD takes them; a
-synchronous write retries its refused keys within one fair window (holding the SSD read gate:
-this client's SSD reads wait, so they cannot renew mori's read lease) and reports the pages the
-SSD still refuses as not stored (``ssd_refused``, warned). While the SSD keeps refusing, further
-synchronous writes try once without a window, for ``REFUSING_HOLD_S``.
+in the write-back ring, which keeps it until SSD has it; refused writes are retried, never
+dropped: :mod:`hicache_umbp.store.refusals`). A DRAM copy alone does not count: DRAM evicts on
+its own (a page no SSD slot can take, ``ssd_too_large``, is the warned exception).
 
 Why copy inside the put rather than DRAM -> SSD in the background: on real mori 1.2.4 a DRAM
 tier full of keys that were read evicts a fresh put within the same call, before any background
@@ -54,7 +44,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -62,8 +51,9 @@ from typing import Any, Literal
 from ..contract.staging import SSD_STAGING_SLOTS
 from .protocol import UMBPClientLike
 from .ratelimit import RateLimitedLog
+from .refusals import RETRY_PAUSE_S, RETRY_WINDOW_S, BatchCall, SyncSsdWriter
 from .ring import MemfdStaging, StagingBuffer
-from .writeback import RETRY_PAUSE_S, RETRY_WINDOW_S, BatchCall, WriteBackRing, retry_refused
+from .writeback import WriteBackRing
 
 __all__ = ["TierStats", "TieredClient"]
 
@@ -71,8 +61,6 @@ log = logging.getLogger(__name__)
 
 WritePolicy = Literal["write_back", "write_through"]
 WRITE_POLICIES: tuple[str, ...] = ("write_back", "write_through")
-#: After a synchronous SSD write ended refused, further ones skip the fair window this long.
-REFUSING_HOLD_S = 1.0
 
 
 @dataclass
@@ -145,8 +133,6 @@ class TieredClient:
         self._put_lock = threading.Lock()  # one put (or promotion) at a time: pages are atomic
         # Held around this client's SSD reads, and by a fair retry window (see the docstring).
         self._ssd_gate = threading.Lock()
-        self._retry_window_s = retry_window_s
-        self._refusing_until = 0.0  # monotonic time until which sync writes skip the window
         self._stats = TierStats()
         self._closed = False
         self._ring: WriteBackRing | None = None
@@ -164,6 +150,11 @@ class TieredClient:
                 retry_window_s=retry_window_s,
                 retry_pause_s=retry_pause_s,
             )
+        ring = self._ring
+        self._sync = SyncSsdWriter(
+            lambda k, p, s: self._ssd_batches(self.ssd.batch_put_from_ptr, k, p, s),
+            gate=self._ssd_gate, window_s=retry_window_s, warn=self._warn,
+            stalled=lambda: ring is not None and ring.stalled)
 
     @property
     def _writer(self) -> threading.Thread | None:
@@ -208,7 +199,7 @@ class TieredClient:
         ssd_whole: dict[int, bool] = {p: True for p in queued}
         if direct:
             idx = _keys_of(direct, ppp)
-            ok = self._ssd_put(*_select(idx, keys, ptrs, sizes))
+            ok = self._sync.write(*_select(idx, keys, ptrs, sizes))
             for j, p in enumerate(direct):
                 ssd_whole[p] = all(ok[j * ppp : (j + 1) * ppp])
             with self._lock:
@@ -320,12 +311,8 @@ class TieredClient:
         return [in_dram[i // ppp] == "all" or on_ssd[i // ppp] == "all" for i in range(n)]
 
     def batch_exists_consecutive(self, keys: Sequence[str]) -> int:
-        count = 0
-        for ok in self.batch_exists(keys):
-            if not ok:
-                break
-            count += 1
-        return count
+        present = self.batch_exists(keys)
+        return present.index(False) if False in present else len(present)
 
     def register_memory(self, ptr: int, size: int) -> bool:
         d = self.dram.register_memory(ptr, size)
@@ -351,13 +338,10 @@ class TieredClient:
     def tier_stats(self) -> TierStats:
         with self._lock:
             out = TierStats(**vars(self._stats))
+        out.ssd_retries, out.ssd_refused = self._sync.retries, self._sync.refused
         if self._ring is not None:
-            wb = self._ring.snapshot()
-            out.writeback_queued, out.writeback_waits = wb.queued, wb.waits
-            out.writeback_wait_timeouts, out.writeback_done = wb.wait_timeouts, wb.done
-            out.writeback_retries, out.writeback_stalls = wb.retried, wb.stalls
-            out.writeback_failed, out.writeback_pending = wb.failed, wb.pending
-            out.writeback_stalled = int(wb.stalled)
+            for name, value in vars(self._ring.snapshot()).items():  # x is writeback_x here
+                setattr(out, f"writeback_{name}", int(value))
         return out
 
     def close(self) -> None:
@@ -411,32 +395,6 @@ class TieredClient:
             self._warn.warn("ssd_too_large", "a page part is larger than the SSD tier's %d-byte "
                             "staging slot; kept in DRAM only", limit)
         return not big
-
-    def _ssd_put(self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int]
-                 ) -> list[bool]:
-        """A synchronous SSD write: keys the SSD refuses are retried within one fair window
-        (skipped while the SSD keeps refusing); what it still refuses is counted and warned."""
-
-        def put(k: Sequence[str], p: Sequence[int], s: Sequence[int]) -> list[bool]:
-            return self._ssd_batches(self.ssd.batch_put_from_ptr, k, p, s)
-
-        ok = put(keys, ptrs, sizes)
-        retried = 0
-        stalled = self._ring is not None and self._ring.stalled
-        if not all(ok) and not stalled and time.monotonic() >= self._refusing_until:
-            retried = retry_refused(put, keys, ptrs, sizes, ok, gate=self._ssd_gate,
-                                    window_s=self._retry_window_s)
-        refused = len(ok) - sum(ok)
-        if refused:
-            self._refusing_until = time.monotonic() + REFUSING_HOLD_S
-        with self._lock:
-            self._stats.ssd_retries += retried
-            self._stats.ssd_refused += refused
-        if refused:
-            self._warn.warn("ssd_refused", "the SSD tier refused %d of %d keys of a synchronous "
-                            "write after retrying; those pages are reported not stored",
-                            refused, len(ok))
-        return ok
 
     def _ssd_batches(
         self, call: BatchCall, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int]

@@ -13,9 +13,9 @@ Refused writes. A committed key was acknowledged to the caller, and DRAM may evi
 time, so the ring keeps it until the SSD has it -- it is never dropped because the SSD said no
 once. mori 1.2.4's SSD node refuses puts for ~50-150 ms after a read batch (the read leases its
 staging slots, whatever ``UMBP_SSD_READ_LEASE_MS`` says); a standalone SSD sidecar refuses
-while it restarts. The writer retries refused keys (:func:`retry_refused`) in a *fair window*:
-for up to ``retry_window_s`` it holds the tiered client's SSD read gate, so this process's SSD
-reads cannot renew the lease, and retries with doubling delays. Keys still refused after the
+while it restarts. The writer retries refused keys in a *fair window*
+(:mod:`hicache_umbp.store.refusals`): for up to ``retry_window_s`` it holds the tiered client's
+SSD read gate, so this process's SSD reads cannot renew the lease. Keys still refused after the
 window leave the ring *stalled* (a visible failure: ``stalls``, a rate-limited warning, the
 store's metrics): the writer pauses ``retry_pause_s`` and opens another window, until the SSD
 takes them; meanwhile puts do not wait for ring room (they write synchronously, and a page the
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import ctypes
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -39,17 +38,10 @@ from typing import Any
 
 from .protocol import UMBPClientLike
 from .ratelimit import RateLimitedLog
+from .refusals import RETRY_PAUSE_S, RETRY_WINDOW_S, BatchCall, retry_refused
 from .ring import Ring, Slot, StagingBuffer
 
-BatchCall = Callable[[Sequence[str], Sequence[int], Sequence[int]], list[bool]]
 WRITER_THREAD = "hicache-tier-writeback"
-#: First pause of a fair window; each further pause doubles. mori's read lease lasted 46-153 ms
-#: after a 16-key read batch on 1.2.4 (embedded SSD node, 16 slots of 1 MiB).
-RETRY_FIRST_DELAY_S = 0.005
-#: How long a fair window lasts (SSD reads of this process wait meanwhile).
-RETRY_WINDOW_S = 0.5
-#: Pause between fair windows once the ring is stalled (SSD reads go on meanwhile).
-RETRY_PAUSE_S = 1.0
 
 
 @dataclass
@@ -58,37 +50,11 @@ class WriteBackStats:
     waits: int = 0  # puts that waited for ring room
     wait_timeouts: int = 0  # ... and gave up (the caller writes that batch synchronously)
     done: int = 0  # keys the writer wrote to SSD
-    retried: int = 0  # key writes repeated after the SSD refused them
+    retries: int = 0  # key writes repeated after the SSD refused them
     stalls: int = 0  # times keys were still refused after a whole fair window
     failed: int = 0  # acknowledged keys dropped unwritten (only at close, after retrying)
     pending: int = 0  # keys committed and not yet on SSD (a gauge)
     stalled: bool = False  # keys are waiting for the SSD beyond a fair window now
-
-
-def retry_refused(
-    call: BatchCall, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int],
-    ok: list[bool], *, gate: threading.Lock, window_s: float,
-    first_delay_s: float = RETRY_FIRST_DELAY_S,
-) -> int:
-    """Write the keys ``ok`` marks False again, holding ``gate`` (SSD reads wait), with doubling
-    pauses from ``first_delay_s`` until every one is taken or ``window_s`` has passed; ``ok`` is
-    updated in place. Returns the key writes repeated."""
-    retried = 0
-    delay = first_delay_s
-    with gate:
-        deadline = time.monotonic() + window_s
-        while not all(ok):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            time.sleep(min(delay, left))
-            delay *= 2
-            idx = [i for i, good in enumerate(ok) if not good]
-            got = call([keys[i] for i in idx], [ptrs[i] for i in idx], [sizes[i] for i in idx])
-            retried += len(idx)
-            for j, i in enumerate(idx):
-                ok[i] = got[j] is True
-    return retried
 
 
 class WriteBackRing:
@@ -356,7 +322,7 @@ class WriteBackRing:
                     self._finish(slot)
             written = len(slots) - len(refused)
             self.stats.done += written
-            self.stats.retried += retried
+            self.stats.retries += retried
             self._room.notify_all()
             self._changed.notify_all()
         return refused
