@@ -92,8 +92,9 @@ def planned(sc: dict[str, Any]) -> Any:
 
 def soak(name: str, seed: int) -> dict[str, Any]:
     import numpy as np
-    from hicache_umbp.contract.staging import MoriShmStaging
-    from hicache_umbp.store.keys import MHA_PARTS, MLA_PARTS, KeyScheme
+    from hicache_umbp.clients.buffers import MoriShmStaging
+    from hicache_umbp.contract.page_limits import MHA_PARTS, MLA_PARTS
+    from hicache_umbp.store.keys import KeyScheme
     from support.planned_l3 import planned_stores
 
     sc = SCENARIOS[name]

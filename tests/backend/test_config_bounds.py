@@ -10,14 +10,13 @@ is in tests/operator/test_planner_contract_bounds.py.
 from __future__ import annotations
 
 import pytest
+from hicache_umbp.contract.load import load_launch_config, load_store_config
 from hicache_umbp.contract.settings import (
     BY_KEY,
     MAX_MEMORY_BYTES,
     MAX_STANDALONE_WAIT_S,
     SETTINGS,
     ConfigError,
-    load_launch_config,
-    load_store_config,
 )
 
 pytestmark = pytest.mark.unit

@@ -26,9 +26,11 @@ CHILD = textwrap.dedent(
     """
     import json, resource, sys
     from hicache_umbp.build import build_store
-    from hicache_umbp.clients.factories import import_umbp
-    from hicache_umbp.contract.settings import ConfigError, load_store_config
-    from hicache_umbp.store.keys import MHA_PARTS, KeyScheme
+    from hicache_umbp.clients.runtime import import_umbp
+    from hicache_umbp.contract.load import load_store_config
+    from hicache_umbp.contract.settings import ConfigError
+    from hicache_umbp.contract.page_limits import MHA_PARTS
+    from hicache_umbp.store.keys import KeyScheme
 
     import_umbp()
     with open("/proc/self/status") as f:

@@ -31,9 +31,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hicache_umbp.clients.buffers import MoriShmStaging
+from hicache_umbp.contract.page_limits import MHA_PARTS, MLA_PARTS
 from hicache_umbp.contract.settings import BY_KEY
-from hicache_umbp.contract.staging import MoriShmStaging
-from hicache_umbp.store.keys import MHA_PARTS, MLA_PARTS, KeyScheme
+from hicache_umbp.store.keys import KeyScheme
 from hicache_umbp.store.store import UMBPStore
 from hicache_umbp.store.tiers import TieredClient
 from support.planned_l3 import PlannedL3, planned_l3, planned_stores
@@ -146,9 +147,9 @@ def read_then_write(case: Case, tag: str, mode: str, policy: str, tmp_path: Path
     n, b = case.pages, case.batch
     with open_stores(case, mode, policy, tmp_path) as stores:
         writer, reader = stores[0], stores[-1]
-        for s in stores:
+        for store in stores:
             for pages in (a_src, b_src, dst):
-                assert s.register_buffer(pages.mem.ptr, pages.mem.size)
+                assert store.register_buffer(pages.mem.ptr, pages.mem.size)
         a_keys = [f"a{tag}-{i:048d}" for i in range(n)]
         b_keys = [f"b{tag}-{i:048d}" for i in range(n)]
         for s in range(0, n, b):

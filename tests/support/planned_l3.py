@@ -51,7 +51,7 @@ def planned_l3(example: str, edit: Callable[[dict[str, Any]], None] | None = Non
 def running_sidecars(sidecars: dict[str, dict[str, str]], workdir: Path) -> Iterator[Path]:
     """Start every sidecar on ``<workdir>/<medium>.sock`` (logs beside), wait for its socket,
     yield the socket directory; kill them by PID afterwards, also on failure."""
-    from hicache_umbp.clients.factories import mori_loader_prefix, standalone_server_binary
+    from hicache_umbp.clients.runtime import mori_loader_prefix, standalone_server_binary
 
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -86,7 +86,8 @@ def planned_stores(planned: PlannedL3, workdir: Path, *, keys: Any, value_bytes:
     from contextlib import ExitStack
 
     from hicache_umbp.build import build_store
-    from hicache_umbp.contract.settings import BY_KEY, load_store_config
+    from hicache_umbp.contract.load import load_store_config
+    from hicache_umbp.contract.settings import BY_KEY
 
     env = {k: v for k, v in planned.engine_env.items() if k.startswith("HICACHE_UMBP_")}
     ranks = int(env[BY_KEY["umbp_local_ranks"].env])

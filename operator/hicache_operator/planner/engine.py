@@ -25,7 +25,7 @@ from hicache_umbp.contract.paths import (
     SSD_MOUNT,
     standalone_socket_path,
 )
-from hicache_umbp.contract.settings import MAX_MEMORY_BYTES, BY_KEY, ConfigError, RankConfig
+from hicache_umbp.contract.settings import BY_KEY, MAX_MEMORY_BYTES, ConfigError, RankConfig
 from hicache_umbp.contract.units import GB
 from hicache_umbp.launch.command import owned_flag, render_command
 from hicache_umbp.launch.errors import LaunchError
