@@ -48,7 +48,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-BASELINE = "3500cce"  # main before the refused-write fix (issue 17), same module layout
+BASELINE = "ac810b8"  # main before the refused-write fix (issue 17), same module layout
 MIB = 1 << 20
 DRAM = 64 * MIB
 
