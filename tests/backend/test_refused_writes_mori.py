@@ -8,9 +8,11 @@ DRAM evicted the page soon after (52 of 96 pages in the first report).
 
 The scenario, for both page sizes (1 MiB parts of an MHA model, DeepSeek-R1's 8,994,816 B MLA
 part), both write policies, the embedded store and the standalone sidecars: write round A,
-drain it, read all of A, write round B at once, drain; then every page of A and every page of B
-that was acknowledged must read back byte-exact from the store. The pages outnumber the 64 MiB
-DRAM tier, so B's pages survive only if the SSD side took them.
+drain it, read all of A, then write round B at once, each batch right after reading a batch of A
+again, drain; then every page of A and every page of B that was acknowledged must read back
+byte-exact from the store, and every page of B must have been acknowledged (refusals ridden out,
+not turned into unstored pages). The pages outnumber the 64 MiB DRAM tier, so B's pages
+survive only if the SSD side took them.
 
 Real: the store config the planner renders for the CR (``HICACHE_UMBP_*`` of its ConfigMap),
 ``build_store``, mori's clients, and for standalone the two ``umbp_standalone_server`` sidecars
@@ -52,7 +54,8 @@ class Case:
     parts: tuple[str, ...]
     part: int
     pages: int  # per round
-    batch: int  # pages per batch_set / batch_get
+    batch: int  # pages per batch_set / batch_get of round A and the reads
+    b_batch: int  # pages per batch_set of round B (small: the first reaches SSD at once)
 
 
 CASES = {
@@ -60,11 +63,11 @@ CASES = {
     "mha-1MiB": Case("llama-3.1-70b-mi355x.yaml",
                      {"model": {"kvBytesPerToken": 262144},
                       "engine": {"pageSize": 16, "tensorParallelSize": 2}},
-                     MHA_PARTS, MIB, 48, 16),
+                     MHA_PARTS, MIB, 48, 16, 4),
     # DeepSeek-R1 bf16 at pageSize 128: 8,994,816 B, one part.
     "r1-8994816B": Case("deepseek-r1-mi355x.yaml",
                         {"engine": {"pageSize": 128, "tensorParallelSize": 2}},
-                        MLA_PARTS, 8_994_816, 32, 8),
+                        MLA_PARTS, 8_994_816, 32, 8, 8),
 }
 
 
@@ -156,12 +159,16 @@ def read_then_write(case: Case, tag: str, mode: str, policy: str, tmp_path: Path
             assert writer.batch_set(a_keys[s : s + b], a_src.ptrs(range(s, s + b))) == [True] * b
         assert writer.flush()
         # Read all of A, newest first: the oldest pages, read last, are on SSD only (DRAM
-        # holds the newest), so the last reads lease the SSD's staging slots ...
+        # holds the newest), so the last reads lease the SSD's staging slots; then write B at
+        # once, each batch right after a read of one more batch of A from SSD (as SGLang's
+        # prefetch and backup threads interleave): every write lands inside a read lease.
         for s in reversed(range(0, n, b)):
             assert reader.batch_get(a_keys[s : s + b], dst.ptrs(range(b))) == [True] * b
         acked: list[int] = []
-        for s in range(0, n, b):  # ... and write B at once
-            got = writer.batch_set(b_keys[s : s + b], b_src.ptrs(range(s, s + b)))
+        bb = case.b_batch
+        for s in range(0, n, bb):
+            assert reader.batch_get(a_keys[s : s + bb], dst.ptrs(range(bb))) == [True] * bb
+            got = writer.batch_set(b_keys[s : s + bb], b_src.ptrs(range(s, s + bb)))
             acked += [s + j for j, ok in enumerate(got) if ok]
         writer.flush()
         st = writer.client.tier_stats() if isinstance(writer.client, TieredClient) else None
