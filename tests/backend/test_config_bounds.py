@@ -44,9 +44,11 @@ STORE_CASES = [
     ("umbp_standalone_wait_s", 2**70, STANDALONE, ["32-bit int"]),
     ("umbp_standalone_wait_s", MAX_STANDALONE_WAIT_S + 1, STANDALONE, ["32-bit int"]),
     ("umbp_log_interval_s", 2**70, EMBEDDED, ["once a day"]),
+    ("umbp_log_interval_s", 86401, EMBEDDED, ["once a day"]),
     ("umbp_dram_bytes", 2**60, {}, ["address space"]),
     ("umbp_dram_bytes", MAX_MEMORY_BYTES + 1, {}, ["address space"]),
     ("umbp_tier_queue_bytes", 2**60, EMBEDDED, ["address space"]),
+    ("umbp_tier_queue_bytes", MAX_MEMORY_BYTES + 1, EMBEDDED, ["address space"]),
     ("umbp_ssd_slot_bytes", 2**60, STANDALONE, ["16 slots"]),
     ("umbp_peer_port", 80, {"umbp_mode": "distributed"}, ["minimum 1024"]),
 ]
@@ -74,9 +76,11 @@ LAUNCH_CASES = [
     ("tp_size", 2**70, ["tensorParallelSize"]),
     ("tp_size", 65, ["tensorParallelSize"]),
     ("dp_size", 2**70, ["dataParallelSize"]),
+    ("dp_size", 65, ["dataParallelSize"]),
     ("page_size", 2**70, ["pageSize"]),
     ("page_size", 4097, ["pageSize"]),
     ("host_pool_ratio", 2**70, ["hostPoolRatio"]),
+    ("host_pool_ratio", 101, ["hostPoolRatio"]),
     ("host_pool_ratio", "inf", ["finite"]),
     ("host_pool_bytes", 2**60, ["address space"]),
     ("port", 80, ["minimum 1024"]),
@@ -99,7 +103,7 @@ def test_launch_values_nothing_can_honour_are_refused_by_name(
 
 @pytest.mark.parametrize("key, value", [
     ("umbp_standalone_wait_s", MAX_STANDALONE_WAIT_S), ("umbp_log_interval_s", 86400),
-    ("umbp_dram_bytes", MAX_MEMORY_BYTES), ("tp_size", 64), ("page_size", 4096),
+    ("umbp_dram_bytes", MAX_MEMORY_BYTES), ("tp_size", 64), ("dp_size", 64), ("page_size", 4096),
     ("host_pool_ratio", 100), ("port", 1024)])
 def test_the_bounds_themselves_are_accepted(key: str, value: object) -> None:
     env = {BY_KEY["model_path"].env: "m", BY_KEY["umbp_dram_bytes"].env: "1048576",
