@@ -9,7 +9,7 @@ EXAMPLE ?= examples/deepseek-r1-mi355x.yaml
 
 .PHONY: help venv demo test lint test-unit test-mori test-sglang test-pod test-e2e test-chart \
         engine-env pod-node-tools chart-tools router-env bench-router bench-l3 bench-host-pool bench-plan bench-sglang \
-        bench-backends bench-pod bench-rollout bench-reconcile bench-sidecar-slots render-chart crd env-doc clean
+        bench-backends bench-pod bench-rollout bench-reconcile bench-sidecar-slots bench-soak render-chart crd env-doc clean
 
 help:
 	@echo "make demo   - plan an example SGLangHiCache CR and show what the operator would create"
@@ -106,6 +106,11 @@ bench-router: engine-env router-env
 
 bench-sidecar-slots: engine-env
 	$(ENGINE_PY) bench/sidecar_slots.py
+
+# Interleaved reads and writes on the real store: acknowledged-then-lost pages (0) and
+# throughput, this checkout's data path against the baseline commit's in the same run.
+bench-soak: engine-env
+	$(ENGINE_PY) bench/soak.py
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache

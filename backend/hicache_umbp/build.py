@@ -17,7 +17,7 @@ from .clients.buffers import MoriShmStaging
 from .clients.factories import OpenedClient, make_client
 from .clients.runtime import require_distributed
 from .contract.page_limits import page_size_problems
-from .contract.settings import ConfigError, RankConfig
+from .contract.settings import BY_KEY, ConfigError, RankConfig, StoreConfig
 from .contract.staging import write_back_ring_keys
 from .store.keys import KeyScheme
 from .store.protocol import UMBPClientLike
@@ -85,21 +85,16 @@ def build_store(
             max_pages = max(1, opened[0].max_batch_keys // keys.parts_per_page)
     else:
         dram, ssd = opened
-        client = TieredClient(
-            dram.client,
-            ssd.client,
-            write_policy=cfg.umbp_tier_write_policy,
-            # The ring takes exactly ring_keys parts of value_bytes: <= the byte budget.
-            queue_keys=ring_keys,
-            queue_bytes=ring_keys * value_bytes,
-            promote_on_hit=cfg.umbp_promote_on_hit,
-            ssd_max_batch_keys=ssd.max_batch_keys,
-            ssd_max_value_bytes=ssd.max_value_bytes,
-            parts_per_page=keys.parts_per_page,
-            log_interval_s=cfg.umbp_log_interval_s,
-            # Standalone servers accept only mori-allocated AnonymousShm buffers.
-            staging=MoriShmStaging if cfg.umbp_mode == "standalone" else MemfdStaging,
-        )
+        try:
+            client = _tiered(cfg, dram, ssd, ring_keys, value_bytes, keys.parts_per_page)
+        except (RuntimeError, OSError, MemoryError) as e:
+            close_all()
+            s = BY_KEY["umbp_tier_queue_bytes"]
+            raise ConfigError(
+                [f"umbp_tier_queue_bytes ({s.env}) = {cfg.umbp_tier_queue_bytes} bytes: the "
+                 f"write-back ring of rank {rank_config.local_rank} ({ring_keys} page parts "
+                 f"of {value_bytes} bytes) could not be mapped: {e!r}; the container's "
+                 "memory cannot hold it"]) from e
     log.info(
         "UMBP store for rank %d: %s; page part %d bytes; keys %s",
         rank_config.local_rank,
@@ -113,4 +108,23 @@ def build_store(
         log_interval_s=cfg.umbp_log_interval_s,
         max_batch_pages=max_pages,
         on_close=close_all,
+    )
+
+
+def _tiered(cfg: StoreConfig, dram: OpenedClient, ssd: OpenedClient, ring_keys: int,
+            value_bytes: int, parts_per_page: int) -> TieredClient:
+    return TieredClient(
+        dram.client,
+        ssd.client,
+        write_policy=cfg.umbp_tier_write_policy,
+        # The ring takes exactly ring_keys parts of value_bytes: <= the byte budget.
+        queue_keys=ring_keys,
+        queue_bytes=ring_keys * value_bytes,
+        promote_on_hit=cfg.umbp_promote_on_hit,
+        ssd_max_batch_keys=ssd.max_batch_keys,
+        ssd_max_value_bytes=ssd.max_value_bytes,
+        parts_per_page=parts_per_page,
+        log_interval_s=cfg.umbp_log_interval_s,
+        # Standalone servers accept only mori-allocated AnonymousShm buffers.
+        staging=MoriShmStaging if cfg.umbp_mode == "standalone" else MemfdStaging,
     )

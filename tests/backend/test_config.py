@@ -16,7 +16,7 @@ from hicache_umbp.contract.load import load_store_config, render_env, render_val
 from hicache_umbp.contract.parsing import parse_bool, parse_int
 from hicache_umbp.contract.settings import (
     BY_KEY,
-    MAX_BYTES,
+    MAX_MEMORY_BYTES,
     SETTINGS,
     STORE_KEYS,
     ConfigError,
@@ -166,7 +166,7 @@ def test_per_rank_lists_of_the_wrong_length_are_rejected(
 def test_a_scalar_port_auto_increments_per_rank() -> None:
     s = BY_KEY["umbp_peer_port"]
     assert parse_value(s, s.env, "18500", 4) == (18500, 18501, 18502, 18503)
-    assert parse_value(s, s.env, [1, 2], 2) == (1, 2)
+    assert parse_value(s, s.env, [20000, 20007], 2) == (20000, 20007)
 
 
 # ----------------------------------------------------------------------------- whole configs
@@ -184,7 +184,7 @@ def embedded_configs(draw: st.DrawFn) -> tuple[int, dict[str, Any]]:
     chosen = draw(st.lists(st.sampled_from(EMBEDDED_STORE), unique=True, max_size=12))
     values: dict[str, Any] = {s.key: draw(valid_value(s, ranks)) for s in chosen}
     values["umbp_local_ranks"] = ranks
-    values["umbp_dram_bytes"] = draw(st.lists(st.integers(1, MAX_BYTES), min_size=ranks,
+    values["umbp_dram_bytes"] = draw(st.lists(st.integers(1, MAX_MEMORY_BYTES), min_size=ranks,
                                               max_size=ranks).map(tuple))
     return ranks, values
 

@@ -53,6 +53,8 @@ def test_embedded_on_two_numa_nodes(mi355x: FakeNode) -> None:
         "UMBP_DRAM_USE_HUGEPAGES": "0",
         "UMBP_DRAM_PREFAULT": "1",
         "SGLANG_SET_CPU_AFFINITY": "0",
+        # the default report path's directory (the run volume): SGLang's page-hash build
+        "TORCH_EXTENSIONS_DIR": "/var/run/hicache/torch-extensions",
     }
     assert "--hicache-size" in argv and argv[argv.index("--hicache-size") + 1] == "214"
 

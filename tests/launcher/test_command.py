@@ -47,6 +47,8 @@ def test_exact_command_and_env_for_eight_gpus_on_two_numa_nodes(mi355x: FakeNode
         "HICACHE_HOST_NUMA": "0,0,0,0,1,1,1,1",
         "HICACHE_UMBP_DRAM_NUMA": "0,0,0,0,1,1,1,1",
         "SGLANG_SET_CPU_AFFINITY": "0",
+        # the default report path's directory (the run volume): SGLang's page-hash build
+        "TORCH_EXTENSIONS_DIR": "/var/run/hicache/torch-extensions",
     }
     assert plan.child_env["HICACHE_HOST_NUMA"] == "0,0,0,0,1,1,1,1"
     assert plan.report["numa_placement"] == "bound"
@@ -207,3 +209,18 @@ def test_launcher_rejects_aliases_and_abbreviations_of_owned_flags() -> None:
         with pytest.raises(LaunchError, match="HICACHE_EXTRA_ARGS sets"):
             _check_extra_args((arg,))
     _check_extra_args(("--mem-fraction-static", "0.8", "--trust-remote-code"))
+
+
+def test_the_page_hash_build_lives_on_the_run_volume_unless_the_image_says_otherwise(
+        mi355x: FakeNode) -> None:
+    """SGLang JIT-builds its page-hash extension under TORCH_EXTENSIONS_DIR; a restarted
+    container has a fresh $HOME, the run volume (the report's directory, an emptyDir) does not
+    (hicache_umbp.sglang.page_hash). An image or a CR that sets the variable keeps its own."""
+    plan = _plan(mi355x, report_path="/var/run/hicache/launch-report.json")
+    assert plan.command.env_overrides["TORCH_EXTENSIONS_DIR"] == "/var/run/hicache/torch-extensions"
+    assert plan.child_env["TORCH_EXTENSIONS_DIR"] == "/var/run/hicache/torch-extensions"
+    env = launch_env(report_path="/var/run/hicache/launch-report.json")
+    env["TORCH_EXTENSIONS_DIR"] = "/opt/sglang-hicache/torch-extensions"
+    kept = plan_launch(env, NodeRoot(mi355x.root), io_uring_probe=io_uring_ok)
+    assert "TORCH_EXTENSIONS_DIR" not in kept.command.env_overrides
+    assert kept.child_env["TORCH_EXTENSIONS_DIR"] == "/opt/sglang-hicache/torch-extensions"

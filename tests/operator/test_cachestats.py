@@ -99,6 +99,33 @@ def test_failing_l3_writes_are_detected() -> None:
     assert figures_from_pages([T1]).l3_writes == "Ok"
 
 
+def umbp_lines(refused: int, stalls: int, lost: int) -> str:
+    """Our store's families as prometheus_client's multiprocess collector prints them (two
+    ranks; hicache_umbp.store.metrics)."""
+    out = []
+    for name, value in (("ssd_refused_keys", refused), ("writeback_stalls", stalls),
+                        ("writeback_failed_keys", lost)):
+        out.append(f"# TYPE hicache_umbp_{name}_total counter")
+        out += [f'hicache_umbp_{name}_total{{local_rank="{r}"}} {value if r else 0}.0'
+                for r in (0, 1)]
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.parametrize("refused, stalls, lost", [(3, 0, 0), (0, 1, 0), (0, 0, 2)])
+def test_the_stores_own_refusal_counters_make_l3_writes_failing(
+        refused: int, stalls: int, lost: int) -> None:
+    """SGLang's L2/L3 ratio looks healthy (T0 -> T1), but our store counted SSD writes it could
+    not get through in the window: Failing. The same counters standing still: Ok."""
+    before = parse_pod(T0 + umbp_lines(0, 0, 0))
+    assert (before.l3_refused_keys, before.l3_writeback_stalls, before.l3_lost_keys) == (0, 0, 0)
+    after = parse_pod(T1 + umbp_lines(refused, stalls, lost))
+    window = aggregate([increase(after, before)])
+    assert (window.l3_refused_keys, window.l3_writeback_stalls, window.l3_lost_keys) == (
+        refused, stalls, lost)
+    assert window.l3_writes == "Failing"
+    assert aggregate([increase(parse_pod(T1 + umbp_lines(0, 0, 0)), before)]).l3_writes == "Ok"
+
+
 def test_pods_are_summed_and_idle_windows_have_no_ratio() -> None:
     figures = figures_from_pages([T1, P.page(P.STANDALONE_RESTARTED)])
     assert figures.pods == 2

@@ -12,31 +12,24 @@ socket directory. Every staging size (slot, slots, the SSD sidecar's DRAM pool) 
 
 from __future__ import annotations
 
-import copy
 import ctypes
-import os
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from hicache_operator.api.config import OperatorConfig
-from hicache_operator.plan import plan
 from hicache_umbp.build import build_store
 from hicache_umbp.clients.buffers import MoriShmStaging
-from hicache_umbp.clients.runtime import mori_loader_prefix, standalone_server_binary
 from hicache_umbp.contract.load import load_store_config
 from hicache_umbp.contract.page_limits import MLA_PARTS
 from hicache_umbp.contract.settings import BY_KEY
 from hicache_umbp.store.keys import KeyScheme
 from hicache_umbp.store.tiers import TieredClient
+from support.planned_l3 import planned_l3, running_sidecars
 
 pytestmark = pytest.mark.mori
 
-ROOT = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
 PART = 8_994_816  # 128 tokens x 70,272 B
 PAGES = 16  # 144 MB: more than the 64 MiB DRAM sidecar holds
@@ -45,24 +38,14 @@ PAGES = 16  # 144 MB: more than the 64 MiB DRAM sidecar holds
 def _planned() -> tuple[dict[str, str], dict[str, dict[str, str]]]:
     """ConfigMap env and the sidecars' env of the DeepSeek-R1 example at pageSize 128 (TP2 to
     keep the test machine's memory small: 2 x 32 slots of 8,994,816 B in the SSD sidecar)."""
-    import yaml
 
-    cr: dict[str, Any] = copy.deepcopy(
-        yaml.safe_load((ROOT / "examples" / "deepseek-r1-mi355x.yaml").read_text())
-    )
-    cr["spec"]["engine"].update(pageSize=128, tensorParallelSize=2)
-    cr["spec"]["l3"]["tiering"] = {"queueSize": "128Mi"}
-    p = plan(cr, OperatorConfig())
-    assert p.sizing.page is not None and p.sizing.page.part_bytes == PART
-    cm = next(o for o in p.objects if o["kind"] == "ConfigMap")["data"]
-    sts = next(o for o in p.objects if o["kind"] == "StatefulSet")
-    pod = sts["spec"]["template"]["spec"]
-    sidecars = {
-        c["name"]: {e["name"]: e["value"] for e in c["env"]}
-        for c in [*pod.get("initContainers", []), *pod["containers"]]
-        if c["name"] in ("umbp-dram", "umbp-ssd")
-    }
-    return dict(cm), sidecars
+    def edit(cr: dict[str, Any]) -> None:
+        cr["spec"]["engine"].update(pageSize=128, tensorParallelSize=2)
+        cr["spec"]["l3"]["tiering"] = {"queueSize": "128Mi"}
+
+    planned = planned_l3("deepseek-r1-mi355x.yaml", edit)
+    assert planned.plan.sizing.page is not None and planned.plan.sizing.page.part_bytes == PART
+    return planned.engine_env, planned.sidecars
 
 
 @pytest.fixture
@@ -75,26 +58,8 @@ def servers(tmp_path: Path) -> Iterator[tuple[dict[str, str], Path]]:
     assert ssd["UMBP_DISTRIBUTED_SSD_STAGING_BUFFER_SLOTS"] == "64"  # 2 x 16 per rank, 2 ranks
     ssd.update(UMBP_SSD_DIR=str(tmp_path / "ssd"), UMBP_SSD_CAPACITY=str(1 << 30))
     sidecars["umbp-dram"]["UMBP_DRAM_CAPACITY"] = str(64 * MIB)
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        for name, env in sidecars.items():
-            sock = tmp_path / f"{name.removeprefix('umbp-')}.sock"
-            full = {k: v for k, v in os.environ.items() if not k.startswith("UMBP_")} | env
-            with open(tmp_path / f"{name}.log", "wb") as log:
-                procs.append(subprocess.Popen(
-                    [*mori_loader_prefix(), standalone_server_binary(), f"unix:{sock}"],
-                    env=full, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                ))
-            deadline = time.monotonic() + 60
-            while not sock.exists():
-                assert procs[-1].poll() is None, (tmp_path / f"{name}.log").read_text()
-                assert time.monotonic() < deadline, f"{name} did not listen"
-                time.sleep(0.02)
-        yield cm, tmp_path
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait(timeout=30)
+    with running_sidecars(sidecars, tmp_path) as sockets:
+        yield cm, sockets
 
 
 def test_the_planned_sidecars_stage_pages_larger_than_8_mib(

@@ -124,6 +124,23 @@ class Client:
         with urllib.request.urlopen(f"{self.base}/metrics", timeout=30) as r:
             return str(r.read().decode())
 
+    def wait_backups_in_l3(self, timeout_s: float = 120) -> tuple[float, float]:
+        """Wait until every token SGLang backed up to its host pool (L2) was also backed up to
+        L3 (``sglang:backuped_tokens_total`` >= ``sglang:hicache_backup_tokens_total``, read
+        with the operator's own parser): what an engine killed now leaves in the L3 tier is
+        then all it wrote. Returns (L2, L3) tokens; ``timeout_s`` is a hang guard."""
+        from hicache_operator.cachestats.sglang_metrics import parse_pod
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            pod = parse_pod(self.metrics())
+            l2, l3 = pod.l2_backup_tokens or 0.0, pod.l3_backup_tokens
+            if l2 > 0 and l3 >= l2:
+                return l2, l3
+            if time.monotonic() > deadline:
+                raise AssertionError(f"L3 backups never caught up with L2: {l3} of {l2} tokens")
+            time.sleep(0.2)
+
 
 def start_pod(planned: PlannedPod, node: Any, image: Image, workdir: Path,
               claims: dict[str, Path], **kw: Any) -> Pod:

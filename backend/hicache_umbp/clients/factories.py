@@ -47,12 +47,12 @@ from typing import TYPE_CHECKING, Any
 from ..contract.media import Medium
 from ..contract.mori_env import SSD_READ_LEASE_ENV, SSD_READ_LEASE_MS
 from ..contract.paths import standalone_socket_path
-from ..contract.settings import ConfigError
+from ..contract.settings import BY_KEY, ConfigError
 from ..contract.staging import SSD_STAGING_SLOTS, SSD_VALUE_BYTES_DEFAULT, ssd_keys_per_call
 from ..store.protocol import UMBPClientLike
 from . import reaper
 from .guards import ReconnectingClient, SerializedClient
-from .runtime import import_umbp, require_distributed
+from .runtime import MoriUnavailableError, import_umbp, require_distributed
 
 if TYPE_CHECKING:
     from ..contract.settings import RankConfig
@@ -115,12 +115,18 @@ def make_client(
         if rank.dram_bytes <= 0:
             raise ConfigError([f"rank {rank.local_rank}: embedded DRAM tier needs "
                                f"umbp_dram_bytes > 0, got {rank.dram_bytes}"])
-        return make_embedded_dram_client(
-            rank.dram_bytes,
-            numa_node=rank.dram_numa,
-            hugepage_bytes=cfg.umbp_dram_hugepage_bytes,
-            prefault=cfg.umbp_dram_prefault,
-        )
+        try:
+            return make_embedded_dram_client(
+                rank.dram_bytes,
+                numa_node=rank.dram_numa,
+                hugepage_bytes=cfg.umbp_dram_hugepage_bytes,
+                prefault=cfg.umbp_dram_prefault,
+            )
+        except (RuntimeError, OSError, MemoryError) as e:
+            if isinstance(e, MoriUnavailableError):
+                raise
+            raise _refused("umbp_dram_bytes", rank, rank.dram_bytes,
+                           "mori could not create the embedded DRAM tier", e) from e
     problems = []
     if not cfg.umbp_ssd_enabled:
         problems.append("umbp_ssd_enabled is false")
@@ -130,13 +136,28 @@ def make_client(
         problems.append(f"umbp_ssd_bytes must be > 0, got {rank.ssd_bytes}")
     if problems:
         raise ConfigError([f"rank {rank.local_rank}: embedded SSD tier: {p}" for p in problems])
-    return make_embedded_ssd_client(
-        rank.ssd_dir,
-        rank.ssd_bytes,
-        io_backend=cfg.umbp_ssd_io_backend,
-        durability=cfg.umbp_ssd_durability,
-        max_value_bytes=ssd_value_bytes,
-    )
+    try:
+        return make_embedded_ssd_client(
+            rank.ssd_dir,
+            rank.ssd_bytes,
+            io_backend=cfg.umbp_ssd_io_backend,
+            durability=cfg.umbp_ssd_durability,
+            max_value_bytes=ssd_value_bytes,
+        )
+    except (RuntimeError, OSError, MemoryError) as e:
+        if isinstance(e, MoriUnavailableError):
+            raise
+        raise _refused("umbp_ssd_bytes", rank, rank.ssd_bytes,
+                       f"mori could not create the embedded SSD tier in {rank.ssd_dir} "
+                       f"(16 staging slots of {ssd_value_bytes} bytes in memory)", e) from e
+
+
+def _refused(key: str, rank: RankConfig, value: int, what: str, e: BaseException
+             ) -> ConfigError:
+    """A tier this node could not create, as a configuration error naming the setting."""
+    s = BY_KEY[key]
+    return ConfigError([f"{key} ({s.env}) of rank {rank.local_rank} = {value} bytes: {what}: "
+                        f"{e!r}; the container (its memory limit, the node) cannot hold it"])
 
 
 def make_embedded_dram_client(

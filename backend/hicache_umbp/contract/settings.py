@@ -54,8 +54,29 @@ HUGEPAGE_BYTES_ALLOWED = tuple(sorted(HUGEPAGE_SIZES.values()))
 #: Largest byte size any setting accepts (1 EiB): far above any host or SSD, far below what
 #: mori's ``size_t`` / ``std::stoull`` overflow on, so a typo fails here naming its key.
 MAX_BYTES = 1 << 60
+#: Largest size of anything the pod maps in memory (a host pool, a UMBP DRAM tier, the
+#: write-back ring, the sidecar's SSD staging): 128 TiB, the x86-64 user address space (47
+#: bits), which no mapping can exceed. Measured on amd-mori 1.2.4: a DRAM tier of 2**60 bytes
+#: failed ``PoolClient::Init()``, a ring of 2**60 bytes ``ENOMEM``, neither naming its key.
+MAX_MEMORY_BYTES = 1 << 47
 #: Largest NUMA node id (Linux MAX_NUMNODES is at most 1024).
 MAX_NUMA_NODE = 1023
+#: mori's ``UMBPStandaloneProcessConfig.startup_timeout_ms`` is a 32-bit int: a longer wait
+#: fails at connect time with "incompatible function arguments".
+MAX_STANDALONE_WAIT_S = (2**31 - 1) // 1000
+#: A warning of each failure kind at least once a day: a longer interval would hide a failing
+#: tier for longer than anyone reads a log.
+MAX_LOG_INTERVAL_S = 86400.0
+#: Ranks (GPUs) one SGLang server drives in one pod, the CRD's tensorParallelSize and
+#: dataParallelSize bounds: no node has more GPUs.
+MAX_RANKS = 64
+#: Largest --page-size in tokens (the CRD's spec.engine.pageSize bound).
+MAX_PAGE_TOKENS = 4096
+#: Largest --hicache-ratio (the CRD's spec.hiCache.hostPoolRatio bound): the host pool is this
+#: many times the GPU KV pool.
+MAX_HOST_POOL_RATIO = 100.0
+#: Lowest port a non-root engine (uid 10001, no CAP_NET_BIND_SERVICE) can listen on.
+MIN_UNPRIVILEGED_PORT = 1024
 #: Default staging slot (largest page part) of an SSD node / the umbp-ssd sidecar.
 SSD_SLOT_BYTES_DEFAULT = 8 * MIB
 
@@ -113,11 +134,16 @@ class Setting:
     minimum: float | None = None
     maximum: float | None = None
     scope: Literal["store", "launch"] = "store"
+    #: why ``maximum`` is what it is (quoted in the error)
+    why_maximum: str = ""
 
 
 def _s(key: str, kind: Kind, default: Any, doc: str, **kw: Any) -> Setting:
     if kind in ("bytes", "rank_bytes"):
         kw.setdefault("maximum", MAX_BYTES)
+        if kw["maximum"] == MAX_MEMORY_BYTES:
+            kw.setdefault("why_maximum", "128 TiB, the x86-64 user address space: no host "
+                          "mapping is larger")
     return Setting(key=key, env=ENV_PREFIX + key.upper(), kind=kind, default=default, doc=doc, **kw)
 
 
@@ -138,7 +164,7 @@ SETTINGS: tuple[Setting, ...] = (
        "must have exactly this many entries.", minimum=1, maximum=64),
     # --- DRAM tier (embedded) ------------------------------------------------------------------
     _s("umbp_dram_bytes", "rank_bytes", 0, "UMBP DRAM tier capacity per rank in bytes "
-       "(0 disables the DRAM tier).", modes=_EMB, minimum=0),
+       "(0 disables the DRAM tier).", modes=_EMB, minimum=0, maximum=MAX_MEMORY_BYTES),
     _s("umbp_dram_numa", "rank_int", -1, "NUMA node per rank for the UMBP DRAM tier "
        "(-1: no binding).", modes=_EMB, minimum=-1, maximum=MAX_NUMA_NODE),
     _s("umbp_dram_hugepage_bytes", "enum", 0, "Hugepage size backing the UMBP DRAM tier "
@@ -166,27 +192,32 @@ SETTINGS: tuple[Setting, ...] = (
        "(host memory per rank, memfd- or mori-shm-backed, so it counts against the container "
        "memory limit; the operator adds it to the pod memory). The ring holds "
        "floor(budget / value bytes) page parts and must hold at least one whole page; a full "
-       "ring makes the set wait briefly, then write to SSD synchronously.", minimum=1),
+       "ring makes the set wait briefly, then write to SSD synchronously.", minimum=1,
+       maximum=MAX_MEMORY_BYTES),
     _s("umbp_promote_on_hit", "bool", True, "Copy pages read from SSD into DRAM."),
     # --- standalone ----------------------------------------------------------------------------
     _s("umbp_socket_dir", "str", SOCKET_DIR, "Directory holding the standalone servers' "
        "UNIX sockets (dram.sock, ssd.sock), shared with the sidecars.", modes=_STA),
     _s("umbp_standalone_wait_s", "float", 120.0, "How long to wait for the sidecar sockets.",
-       modes=_STA, minimum=0),
+       modes=_STA, minimum=0, maximum=MAX_STANDALONE_WAIT_S,
+       why_maximum="mori's startup_timeout_ms is a 32-bit int of milliseconds"),
     _s("umbp_ssd_slot_bytes", "bytes", SSD_SLOT_BYTES_DEFAULT, "Staging slot of the umbp-ssd "
        "sidecar (its UMBP_DISTRIBUTED_DRAM_PAGE_SIZE): the largest page part it can store. "
        "Render it and the sidecar's env from the same number (>= the model's page part "
        "bytes); the store refuses, when SGLang registers the host pool, a pool whose page "
-       "part is larger.", modes=_STA, minimum=4096),
+       "part is larger.", modes=_STA, minimum=4096, maximum=MAX_MEMORY_BYTES // 16,
+       why_maximum="the sidecar stages 16 slots in its DRAM, and no mapping is larger than "
+       "the 128 TiB x86-64 user address space"),
     # --- distributed ---------------------------------------------------------------------------
     _s("umbp_master_address", "str", "", "host:port of umbp_master.", modes=_DIS),
     _s("umbp_peer_port", "rank_port", 18500, "Peer service port; a scalar auto-increments per "
-       "rank.", modes=_DIS, minimum=1, maximum=65535),
+       "rank.", modes=_DIS, minimum=MIN_UNPRIVILEGED_PORT, maximum=65535),
     _s("umbp_rdma_devices", "str", "", "RDMA devices to use (comma list; empty: discover).",
        modes=_DIS),
     # --- logging -------------------------------------------------------------------------------
     _s("umbp_log_interval_s", "float", 30.0, "At most one warning per failure kind per interval "
-       "on the data path.", minimum=0),
+       "on the data path.", minimum=0, maximum=MAX_LOG_INTERVAL_S,
+       why_maximum="a failing tier must be logged at least once a day"),
     # --- host (L2) pool allocator --------------------------------------------------------------
     _s("host_hugepage_bytes", "enum", 2 * MIB, "Hugepage size of SGLang's host KV pool "
        "(0: 4 KiB pages).", choices=HUGEPAGE_BYTES_ALLOWED),
@@ -202,13 +233,16 @@ SETTINGS: tuple[Setting, ...] = (
        "mori backend; on mori 1.2.4 only a DRAM tier, embedded or in the standalone DRAM "
        "sidecar).", choices=L3_BACKENDS, scope="launch"),
     _s("model_path", "str", "", "Model path or id passed to SGLang --model-path.", scope="launch"),
-    _s("tp_size", "int", 1, "SGLang --tp-size.", minimum=1, scope="launch"),
-    _s("dp_size", "int", 1, "SGLang --dp-size.", minimum=1, scope="launch"),
+    _s("tp_size", "int", 1, "SGLang --tp-size.", minimum=1, maximum=MAX_RANKS, scope="launch",
+       why_maximum="the GPUs of one node, spec.engine.tensorParallelSize's bound"),
+    _s("dp_size", "int", 1, "SGLang --dp-size.", minimum=1, maximum=MAX_RANKS, scope="launch",
+       why_maximum="the GPUs of one node, spec.engine.dataParallelSize's bound"),
     _s("enable_dp_attention", "bool", False, "SGLang --enable-dp-attention; the launcher then "
        "sets SGLANG_DP_RANK/SGLANG_DP_SIZE.", scope="launch"),
     _s("page_size", "int", 64, "SGLang --page-size (tokens per KV page).", minimum=1,
-       scope="launch"),
-    _s("port", "int", 30000, "SGLang HTTP port.", minimum=1, maximum=65535, scope="launch"),
+       maximum=MAX_PAGE_TOKENS, scope="launch", why_maximum="spec.engine.pageSize's bound"),
+    _s("port", "int", 30000, "SGLang HTTP port (the engine runs as a non-root user: 1024 and "
+       "up).", minimum=MIN_UNPRIVILEGED_PORT, maximum=65535, scope="launch"),
     _s("mem_layout", "enum", "page_first", "SGLang --hicache-mem-layout (UMBP needs page-first "
        "layouts).", choices=("page_first", "page_first_direct"), scope="launch"),
     _s("write_policy", "enum", "write_back", "SGLang --hicache-write-policy.",
@@ -216,9 +250,11 @@ SETTINGS: tuple[Setting, ...] = (
     _s("io_backend", "enum", "kernel", "SGLang --hicache-io-backend.",
        choices=("kernel", "direct"), scope="launch"),
     _s("host_pool_bytes", "rank_bytes", 0, "Host KV pool per rank in bytes (rendered to "
-       "--hicache-size); 0 uses host_pool_ratio.", minimum=0, scope="launch"),
+       "--hicache-size); 0 uses host_pool_ratio.", minimum=0, maximum=MAX_MEMORY_BYTES,
+       scope="launch"),
     _s("host_pool_ratio", "float", 2.0, "SGLang --hicache-ratio when host_pool_bytes is 0.",
-       minimum=1.0, scope="launch"),
+       minimum=1.0, maximum=MAX_HOST_POOL_RATIO, scope="launch",
+       why_maximum="spec.hiCache.hostPoolRatio's bound"),
     _s("numa_policy", "enum", "auto", "auto: bind each rank's host pool and UMBP DRAM to its "
        "GPU's NUMA node; none: no binding.", choices=("auto", "none"), scope="launch"),
     _s("ssd_allow_posix_fallback", "bool", False, "Use posix I/O when io_uring is unavailable "
@@ -346,7 +382,8 @@ def _check_range(s: Setting, label: str, value: float) -> None:
     if s.minimum is not None and value < s.minimum:
         raise ValueError(f"{label}={value!r} is below the minimum {_bound(s.minimum)}")
     if s.maximum is not None and value > s.maximum:
-        raise ValueError(f"{label}={value!r} is above the maximum {_bound(s.maximum)}")
+        why = f" ({s.why_maximum})" if s.why_maximum else ""
+        raise ValueError(f"{label}={value!r} is above the maximum {_bound(s.maximum)}{why}")
 
 
 def parse_value(s: Setting, label: str, raw: Any, ranks: int) -> Any:

@@ -22,6 +22,7 @@ and hugepage-aware host-memory check).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -198,6 +199,21 @@ def render_command(
         env["SGLANG_DP_SIZE"] = str(cfg.dp_size)
     env.update(CPU_AFFINITY_ENV)
     return Command(tuple(argv), env, extra)
+
+
+#: torch's JIT extension build directory (SGLang's page hash, hicache_umbp.sglang.page_hash).
+EXTENSIONS_ENV = "TORCH_EXTENSIONS_DIR"
+
+
+def extensions_env(cfg: LaunchConfig, env: Mapping[str, str]) -> dict[str, str]:
+    """``TORCH_EXTENSIONS_DIR`` beside the launcher's report, on the pod's run volume (an
+    emptyDir, which outlives container restarts), unless the container already sets it: SGLang
+    JIT-compiles its page-hash extension there once per pod, and a restarted engine (a fresh
+    writable layer, a fresh ``$HOME``) loads that build instead of compiling it again."""
+    if env.get(EXTENSIONS_ENV):
+        return {}
+    return {EXTENSIONS_ENV: os.path.join(os.path.dirname(cfg.report_path) or ".",
+                                         "torch-extensions")}
 
 
 def shell_quote(argv: tuple[str, ...]) -> str:

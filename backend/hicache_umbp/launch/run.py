@@ -17,7 +17,7 @@ from ..contract.load import load_launch_config
 from ..contract.settings import BY_KEY, ConfigError, LaunchConfig
 from ..contract.units import fmt_bytes
 from .access import MempolicyProbe, check_gpu_access, mempolicy_syscall_probe
-from .command import Command, expected_ranks, render_command, shell_quote
+from .command import Command, expected_ranks, extensions_env, render_command, shell_quote
 from .errors import LaunchError
 from .gpus import numa_per_rank, probe_gpus
 from .hugepages import check_hugepages
@@ -214,6 +214,7 @@ def plan_launch(
     lap("ssd")
     # 6. the command
     command = render_command(cfg, resolved)
+    command.env_overrides.update(extensions_env(cfg, env))
     child_env = {**env, **command.env_overrides}
     lap("command")
     report["argv"] = list(command.argv)

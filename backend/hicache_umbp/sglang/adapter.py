@@ -58,6 +58,7 @@ from ..build import build_store
 from ..contract.load import load_store_config
 from ..contract.settings import ConfigError, RankConfig, StoreConfig
 from ..store.keys import PageFormat
+from ..store.metrics import StoreMetrics
 from ..store.ratelimit import RateLimitedLog
 from ..store.store import PagePointers, UMBPStore
 from .host_pool import PointerPlan, host_buffer_ranges, page_format_of
@@ -103,6 +104,7 @@ class UMBPHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # sglang is unt
         self._samples = StorageSamples(bool(storage_config.enable_storage_metrics))
         self.mem_pool_host: Any = None
         self._plan: PointerPlan | None = None
+        self._store_metrics = StoreMetrics(self.position.local_rank)
         if not self.interface_v1:
             log.warning(
                 "UMBPHiCacheStorage loaded without interface_v1: SGLang will use the per-page "
@@ -395,6 +397,7 @@ class UMBPHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # sglang is unt
         the store's cumulative counters (hits, misses, bytes, failures) as a dict."""
         metrics = self._samples.drain()
         metrics.umbp = self.umbp_stats()
+        self._store_metrics.update(metrics.umbp)
         return metrics
 
     def umbp_stats(self) -> dict[str, Any]:

@@ -133,6 +133,13 @@ def _answers_probe(module: Any) -> bool:
 def _around_get_allocator(original: Callable[[str], Any], allocator_type: str) -> Any:
     if allocator_type == _PROBE:
         return _PROBE
+    if allocator_type and allocator_type != "default":
+        # The host pool of an engine with an L3 backend (SGLang's get_allocator_type(): the
+        # backend's name, "default" without one): its prefetches hash pages with SGLang's JIT
+        # extension; build and load it now, before the engine serves (page_hash).
+        from .page_hash import warm_page_hash
+
+        warm_page_hash()
     if allocator_type == BUILTIN_ALLOCATOR_TYPE:
         _set_builtin_rank_env(os.environ)
     if allocator_type == "dynamic":

@@ -49,6 +49,7 @@ class HostPoolAllocation:
     numa_node: int
     prefaulted: bool
     alloc_s: float = 0.0  # allocation + prefault, seconds (the pool's share of time to Ready)
+    page_hash_s: float = 0.0  # building/loading SGLang's page-hash extension first (page_hash)
 
 
 def hugepage_problems(page: int, numa: int, nbytes: int, what: str) -> list[str]:
@@ -143,6 +144,7 @@ def allocate_region(
     core allocator's message (:class:`hicache_umbp.hostmem.allocator.HugepagesUnavailableError`).
     """
     from ..hostmem.allocator import HostAllocator
+    from .page_hash import ready_seconds
 
     rank = config.rank(local_rank)
     allocator = HostAllocator(
@@ -168,6 +170,7 @@ def allocate_region(
         numa_node=rank.host_numa,
         prefaulted=config.host_prefault,
         alloc_s=round(alloc_s, 4),
+        page_hash_s=round(ready_seconds() or 0.0, 4),
     )
     if record.demoted:
         log.error(

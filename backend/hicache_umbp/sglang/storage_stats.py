@@ -59,7 +59,11 @@ class StorageSamples:
 
 
 def merged_store_stats(stores: Sequence[UMBPStore]) -> dict[str, Any]:
-    """The stores' cumulative counters, summed (split-head siblings count their own pages)."""
+    """The stores' cumulative counters, summed (split-head siblings count their own pages; they
+    share one client, so its ``tiers`` counters appear once); empty before the host pool is
+    registered."""
+    if not stores:
+        return {}
     stats = [asdict(s.stats()) for s in stores]
     merged = stats[0]
     for other in stats[1:]:

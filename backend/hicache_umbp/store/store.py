@@ -51,6 +51,9 @@ class StoreStats:
     exists_hits: int = 0  # leading pages batch_exists reported present
     client_calls: int = 0  # calls made into the UMBP client (batch and registration)
     errors: dict[str, int] = field(default_factory=dict)  # failures by kind
+    # The client's tier counters (hicache_umbp.tiers.TierStats) when it composes DRAM and SSD:
+    # refused SSD writes, retries, the write-back ring's stalls and pending keys.
+    tiers: dict[str, int] = field(default_factory=dict)
 
 
 class UMBPStore:
@@ -214,9 +217,16 @@ class UMBPStore:
     # ------------------------------------------------------------------ lifecycle
 
     def stats(self) -> StoreStats:
-        """A snapshot of the counters."""
+        """A snapshot of the counters (with the client's tier counters, if it has any)."""
         with self._lock:
-            return replace(self._stats, errors=dict(self._stats.errors))
+            out = replace(self._stats, errors=dict(self._stats.errors))
+        tier_stats = getattr(self._client, "tier_stats", None)
+        if callable(tier_stats):
+            try:
+                out.tiers = {k: int(v) for k, v in vars(tier_stats()).items()}
+            except Exception as e:
+                self._fail("stats_exception", "tier_stats raised %r", e)
+        return out
 
     def flush(self) -> bool:
         """Ask the client to persist what it buffers (tiered: drain the write-back queue)."""

@@ -26,10 +26,10 @@ Writes land in DRAM and reach SSD by the write policy:
   to SSD synchronously from the caller's buffer.
 * ``write_through``: the call returns after both tiers were written.
 
-A page is reported stored only when a tier holds it: DRAM took it (or held it), or the SSD side
-holds it (already there, or written synchronously). Pages DRAM refuses (full, or its server
-down) are written to SSD synchronously, never only queued: a queued copy is not a stored page
-until SSD accepts it.
+A page is reported stored only when a tier that *keeps* it holds it: the SSD side (on SSD, or
+in the write-back ring, which keeps it until SSD has it; refused writes are retried, never
+dropped: :mod:`hicache_umbp.store.refusals`). A DRAM copy alone does not count: DRAM evicts on
+its own (a page no SSD slot can take, ``ssd_too_large``, is the warned exception).
 
 Why copy inside the put rather than DRAM -> SSD in the background: on real mori 1.2.4 a DRAM
 tier full of keys that were read evicts a fresh put within the same call, before any background
@@ -51,8 +51,9 @@ from typing import Any, Literal
 from ..contract.staging import SSD_STAGING_SLOTS
 from .protocol import UMBPClientLike
 from .ratelimit import RateLimitedLog
+from .refusals import RETRY_PAUSE_S, RETRY_WINDOW_S, BatchCall, SyncSsdWriter
 from .ring import MemfdStaging, StagingBuffer
-from .writeback import BatchCall, WriteBackRing
+from .writeback import WriteBackRing
 
 __all__ = ["TierStats", "TieredClient"]
 
@@ -70,11 +71,17 @@ class TierStats:
     misses: int = 0  # keys of pages no side held whole
     promotions: int = 0  # SSD-side hits copied into DRAM
     ssd_direct_writes: int = 0  # keys written to SSD inside the put
+    ssd_retries: int = 0  # key writes repeated inside the put after the SSD refused them
+    ssd_refused: int = 0  # keys the SSD refused inside the put: their pages were not stored
     writeback_queued: int = 0
     writeback_waits: int = 0  # puts that waited for ring room
     writeback_wait_timeouts: int = 0  # ... and gave up, writing through instead
     writeback_done: int = 0  # keys the background thread wrote to SSD
-    writeback_failed: int = 0  # queued keys SSD refused
+    writeback_retries: int = 0  # key writes the background thread repeated after a refusal
+    writeback_stalls: int = 0  # times queued keys were still refused after a fair window
+    writeback_failed: int = 0  # acknowledged keys dropped unwritten (at close, after retrying)
+    writeback_pending: int = 0  # keys in the ring, not yet on SSD (now)
+    writeback_stalled: int = 0  # 1 while queued keys wait for an SSD that keeps refusing
     ssd_calls: int = 0
     partial_pages_skipped: int = 0  # page writes a tier skipped: it held part of the page
     ssd_too_large: int = 0  # keys larger than the SSD accepts (never queued)
@@ -99,6 +106,8 @@ class TieredClient:
         on_close: Callable[[], None] | None = None,
         parts_per_page: int = 1,
         ssd_max_value_bytes: int | None = None,
+        retry_window_s: float = RETRY_WINDOW_S,
+        retry_pause_s: float = RETRY_PAUSE_S,
     ) -> None:
         if write_policy not in WRITE_POLICIES:
             raise ValueError(
@@ -122,6 +131,8 @@ class TieredClient:
         self._warn = RateLimitedLog(log, log_interval_s)
         self._lock = threading.Lock()  # counters
         self._put_lock = threading.Lock()  # one put (or promotion) at a time: pages are atomic
+        # Held around this client's SSD reads, and by a fair retry window (see the docstring).
+        self._ssd_gate = threading.Lock()
         self._stats = TierStats()
         self._closed = False
         self._ring: WriteBackRing | None = None
@@ -135,7 +146,15 @@ class TieredClient:
                 staging=staging,
                 register=(dram, ssd),
                 warn=self._warn,
+                gate=self._ssd_gate,
+                retry_window_s=retry_window_s,
+                retry_pause_s=retry_pause_s,
             )
+        ring = self._ring
+        self._sync = SyncSsdWriter(
+            lambda k, p, s: self._ssd_batches(self.ssd.batch_put_from_ptr, k, p, s),
+            gate=self._ssd_gate, window_s=retry_window_s, warn=self._warn,
+            stalled=lambda: ring is not None and ring.stalled)
 
     @property
     def _writer(self) -> threading.Thread | None:
@@ -160,7 +179,6 @@ class TieredClient:
         pages = range(n // ppp)
         in_dram = self._pages(self._exists(self.dram, "dram", keys), ppp)
         on_ssd = self._pages(self._ssd_side(keys), ppp)
-        stored = [d == "all" or s == "all" for d, s in zip(in_dram, on_ssd, strict=True)]
         skipped = sum(d == "part" for d in in_dram) + sum(s == "part" for s in on_ssd)
         # DRAM takes the pages it holds no part of.
         to_dram = [p for p in pages if in_dram[p] == "none"]
@@ -172,7 +190,8 @@ class TieredClient:
             for j, p in enumerate(to_dram):
                 dram_whole[p] = all(ok[j * ppp : (j + 1) * ppp])
         # The SSD side takes the pages it holds no part of (and that fit its slots).
-        to_ssd = [p for p in pages if on_ssd[p] == "none" and self._fits(sizes, p, ppp)]
+        fits = [self._fits(sizes, p, ppp) for p in pages]
+        to_ssd = [p for p in pages if on_ssd[p] == "none" and fits[p]]
         queued: list[int] = []
         if self._ring is not None:  # write-back: only what DRAM holds; the rest synchronously
             queued = self._queue([p for p in to_ssd if dram_whole[p]], keys, ptrs, sizes, ppp)
@@ -180,7 +199,7 @@ class TieredClient:
         ssd_whole: dict[int, bool] = {p: True for p in queued}
         if direct:
             idx = _keys_of(direct, ppp)
-            ok = self._ssd_batches(self.ssd.batch_put_from_ptr, *_select(idx, keys, ptrs, sizes))
+            ok = self._sync.write(*_select(idx, keys, ptrs, sizes))
             for j, p in enumerate(direct):
                 ssd_whole[p] = all(ok[j * ppp : (j + 1) * ppp])
             with self._lock:
@@ -188,7 +207,9 @@ class TieredClient:
         if skipped:
             with self._lock:
                 self._stats.partial_pages_skipped += skipped
-        result = [stored[p] or dram_whole[p] or ssd_whole.get(p, False) for p in pages]
+        # Stored: the SSD side holds the page whole; DRAM only for a page no SSD slot can take.
+        result = [on_ssd[p] == "all" or ssd_whole.get(p, False) or (not fits[p] and dram_whole[p])
+                  for p in pages]
         return [result[i // ppp] for i in range(n)]
 
     def _queue(
@@ -229,7 +250,9 @@ class TieredClient:
             ring_hits = self._ring.read_pending(miss, keys, ptrs, sizes, side)
         rest = [i for i in miss if not side[i]]
         if rest:
-            ok = self._ssd_batches(self.ssd.batch_get_into_ptr, *_select(rest, keys, ptrs, sizes))
+            with self._ssd_gate:  # a fair retry window holds it: reads would renew the lease
+                ok = self._ssd_batches(self.ssd.batch_get_into_ptr,
+                                       *_select(rest, keys, ptrs, sizes))
             for j, i in enumerate(rest):
                 side[i] = ok[j]
             ssd_hits = sum(ok)
@@ -288,12 +311,8 @@ class TieredClient:
         return [in_dram[i // ppp] == "all" or on_ssd[i // ppp] == "all" for i in range(n)]
 
     def batch_exists_consecutive(self, keys: Sequence[str]) -> int:
-        count = 0
-        for ok in self.batch_exists(keys):
-            if not ok:
-                break
-            count += 1
-        return count
+        present = self.batch_exists(keys)
+        return present.index(False) if False in present else len(present)
 
     def register_memory(self, ptr: int, size: int) -> bool:
         d = self.dram.register_memory(ptr, size)
@@ -307,23 +326,22 @@ class TieredClient:
             self.ssd.deregister_memory(ptr)
 
     def flush(self) -> bool:
-        """Wait until every queued key was written to SSD, then flush both tiers."""
-        if self._ring is not None:
-            self._ring.flush()
+        """Wait until every queued key was written to SSD, then flush both tiers; False while
+        the SSD keeps refusing queued keys (they stay in the ring, readable)."""
+        drained = self._ring.flush() if self._ring is not None else True
         d = self.dram.flush()
         s = self.ssd.flush()
-        return d is True and s is True
+        return drained and d is True and s is True
 
     # ------------------------------------------------------------------ lifecycle
 
     def tier_stats(self) -> TierStats:
         with self._lock:
             out = TierStats(**vars(self._stats))
+        out.ssd_retries, out.ssd_refused = self._sync.retries, self._sync.refused
         if self._ring is not None:
-            wb = self._ring.snapshot()
-            out.writeback_queued, out.writeback_waits = wb.queued, wb.waits
-            out.writeback_wait_timeouts, out.writeback_done = wb.wait_timeouts, wb.done
-            out.writeback_failed = wb.failed
+            for name, value in vars(self._ring.snapshot()).items():  # x is writeback_x here
+                setattr(out, f"writeback_{name}", int(value))
         return out
 
     def close(self) -> None:

@@ -19,6 +19,9 @@ family                                         type      labels SGLang sets (0.5
                                                          pool: device -> host (L2) backups
 ``sglang:hicache_host_used_tokens``            gauge     model_name, engine_type, tp_rank,
 ``sglang:hicache_host_total_tokens``           gauge     pp_rank, moe_ep_rank[, dp_rank]
+``hicache_umbp_ssd_refused_keys_total``        counter   local_rank (our store, see
+``hicache_umbp_writeback_stalls_total``        counter   ``hicache_umbp.store.metrics``): SSD
+``hicache_umbp_writeback_failed_keys_total``   counter   writes it could not get through
 =============================================  ========  ===================================
 
 Per pod (one SGLang server): the tokenizer-side counters (prompt and cached tokens) are summed
@@ -32,7 +35,11 @@ Ratios: ``hit ratio of a tier = cached tokens from that tier / prompt tokens`` o
 span (a window between two scrapes, or since the server started). L3 (SGLang's ``storage``)
 covers both UMBP tiers: SGLang does not tell DRAM hits from SSD hits.
 
-Failing L3 writes: SGLang 0.5.23 exports no failed-write counter (a failed batch logs "Write page
+Failing L3 writes: our store counts its own (``hicache_umbp_*``, one series per rank, summed):
+keys the SSD tier refused after retrying (their pages were reported not stored), write-back
+stalls (acknowledged keys the SSD kept refusing for a whole retry window) and acknowledged keys
+dropped unwritten; any increase means L3 writes are failing. SGLang 0.5.23 exports no
+failed-write counter (a failed batch logs "Write page
 to storage: N pages failed" and counts only the completed tokens). Every device -> host backup
 is followed by a host -> L3 backup of the same pages, so over a window
 ``l3 written / l2 written`` below :data:`FAILING_WRITE_RATIO` (with at least
@@ -52,7 +59,11 @@ L3_DROPPED = "sglang:hicache_backup_dropped_tokens_total"
 L2_BACKUP = "sglang:hicache_backup_tokens_total"
 HOST_USED = "sglang:hicache_host_used_tokens"
 HOST_TOTAL = "sglang:hicache_host_total_tokens"
-FAMILIES = (PROMPT, CACHED, PREFETCH_HIT, L3_BACKUP, L3_DROPPED, L2_BACKUP, HOST_USED, HOST_TOTAL)
+UMBP_REFUSED = "hicache_umbp_ssd_refused_keys_total"
+UMBP_STALLS = "hicache_umbp_writeback_stalls_total"
+UMBP_LOST = "hicache_umbp_writeback_failed_keys_total"
+FAMILIES = (PROMPT, CACHED, PREFETCH_HIT, L3_BACKUP, L3_DROPPED, L2_BACKUP, HOST_USED, HOST_TOTAL,
+            UMBP_REFUSED, UMBP_STALLS, UMBP_LOST)
 #: Labels that name a replica of the same logical count (reduced with max, not summed).
 RANK_LABELS = frozenset({"tp_rank", "pp_rank", "pp_size", "attn_cp_rank", "attn_cp_size",
                          "moe_ep_rank"})
@@ -149,11 +160,15 @@ class PodCounters:
     l2_backup_tokens: float | None = None  # None: the family is not exported
     host_used_tokens: float | None = None
     host_total_tokens: float | None = None
+    l3_refused_keys: float = 0.0  # our store: SSD writes refused after retrying
+    l3_writeback_stalls: float = 0.0  # ... write-back stalls
+    l3_lost_keys: float = 0.0  # ... acknowledged keys dropped unwritten
 
     def counters(self) -> dict[str, float]:
         out = {"prompt": self.prompt_tokens, "prefetch": self.prefetch_hit_tokens,
                "l3": self.l3_backup_tokens, "dropped": self.l3_dropped_tokens,
-               "l2": self.l2_backup_tokens or 0.0}
+               "l2": self.l2_backup_tokens or 0.0, "refused": self.l3_refused_keys,
+               "stalls": self.l3_writeback_stalls, "lost": self.l3_lost_keys}
         out.update({f"cached:{k}": v for k, v in self.cached_tokens.items()})
         return out
 
@@ -180,6 +195,9 @@ def pod_counters(samples: Iterable[Sample]) -> PodCounters:
         l2_backup_tokens=gauge(L2_BACKUP),
         host_used_tokens=gauge(HOST_USED),
         host_total_tokens=gauge(HOST_TOTAL),
+        l3_refused_keys=_rank_reduced(by_name.get(UMBP_REFUSED, [])),
+        l3_writeback_stalls=_rank_reduced(by_name.get(UMBP_STALLS, [])),
+        l3_lost_keys=_rank_reduced(by_name.get(UMBP_LOST, [])),
     )
 
 
@@ -207,6 +225,9 @@ def increase(newer: PodCounters, older: PodCounters | None) -> PodCounters:
         l3_dropped_tokens=newer.l3_dropped_tokens - older.l3_dropped_tokens,
         l2_backup_tokens=None if newer.l2_backup_tokens is None
         else newer.l2_backup_tokens - (older.l2_backup_tokens or 0.0),
+        l3_refused_keys=newer.l3_refused_keys - older.l3_refused_keys,
+        l3_writeback_stalls=newer.l3_writeback_stalls - older.l3_writeback_stalls,
+        l3_lost_keys=newer.l3_lost_keys - older.l3_lost_keys,
     )
 
 
@@ -223,6 +244,9 @@ class CacheFigures:
     l2_backup_tokens: float | None
     host_used_tokens: float | None
     host_total_tokens: float | None
+    l3_refused_keys: float = 0.0
+    l3_writeback_stalls: float = 0.0
+    l3_lost_keys: float = 0.0
 
     def hit_ratio(self, tier: str | None = None) -> float | None:
         """Share of prompt tokens served from ``tier`` (None: from any cache tier); None when
@@ -242,7 +266,8 @@ class CacheFigures:
     @property
     def l3_writes(self) -> str | None:
         """``Failing``, ``Ok``, ``Idle`` (nothing to write in the span) or None (unknown)."""
-        if self.l3_dropped_tokens > 0:
+        if (self.l3_dropped_tokens > 0 or self.l3_refused_keys > 0 or self.l3_lost_keys > 0
+                or self.l3_writeback_stalls > 0):
             return "Failing"
         if self.l2_backup_tokens is None:
             return "Ok" if self.l3_backup_tokens > 0 else None
@@ -274,6 +299,9 @@ def aggregate(pods: Iterable[PodCounters]) -> CacheFigures:
         l2_backup_tokens=total([p.l2_backup_tokens for p in pods]),
         host_used_tokens=total([p.host_used_tokens for p in pods]),
         host_total_tokens=total([p.host_total_tokens for p in pods]),
+        l3_refused_keys=sum(p.l3_refused_keys for p in pods),
+        l3_writeback_stalls=sum(p.l3_writeback_stalls for p in pods),
+        l3_lost_keys=sum(p.l3_lost_keys for p in pods),
     )
 
 

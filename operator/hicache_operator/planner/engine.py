@@ -10,6 +10,7 @@ them).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +25,7 @@ from hicache_umbp.contract.paths import (
     SSD_MOUNT,
     standalone_socket_path,
 )
-from hicache_umbp.contract.settings import BY_KEY, ConfigError, RankConfig
+from hicache_umbp.contract.settings import BY_KEY, MAX_MEMORY_BYTES, ConfigError, RankConfig
 from hicache_umbp.contract.units import GB
 from hicache_umbp.launch.command import owned_flag, render_command
 from hicache_umbp.launch.errors import LaunchError
@@ -238,6 +239,32 @@ def contract_values(
     return v
 
 
+#: The CR field each rendered contract key comes from (contract_values), for refusals.
+CONTRACT_FIELDS = {
+    "umbp_dram_bytes": "spec.l3.dram.capacity",
+    "umbp_ssd_bytes": "spec.l3.ssd.capacity",
+    "umbp_tier_queue_bytes": "spec.l3.tiering.queueSize",
+    "umbp_ssd_slot_bytes": "spec.engine.pageSize",
+    "umbp_local_ranks": "spec.engine.tensorParallelSize",
+    "host_pool_bytes": "spec.hiCache.hostPoolPerRank",
+    "host_pool_ratio": "spec.hiCache.hostPoolRatio",
+    "host_prefault_threads": "spec.hiCache.hostAllocator.prefaultThreads",
+    "tp_size": "spec.engine.tensorParallelSize",
+    "dp_size": "spec.engine.dataParallelSize",
+    "page_size": "spec.engine.pageSize",
+    "port": "spec.engine.port",
+    "extra_args": "spec.engine.extraArgs",
+}
+
+
+def contract_field(problem: str) -> str:
+    """The CR field behind a refusal of the env contract (it names the variable), else spec."""
+    for key, field in CONTRACT_FIELDS.items():
+        if re.search(rf"\b{re.escape(BY_KEY[key].env)}\b", problem):
+            return field
+    return "spec"
+
+
 #: Contract keys only our store reads; never rendered for SGLang's built-in backend.
 OUR_STORE_ONLY_KEYS = ("umbp_namespace", "umbp_model_id", "umbp_tier_write_policy",
                        "umbp_tier_queue_bytes", "umbp_promote_on_hit")
@@ -260,6 +287,14 @@ def plan_engine_env(
             f"{sizing.host_pool_per_rank} B is below 1 GB (10^9 B), the unit of "
             f"SGLang's --hicache-size (use hostPoolRatio to size the pool by ratio)",
         )
+    if spec.l3.mode == "standalone" and sizing.dram_total > MAX_MEMORY_BYTES:
+        # The umbp-dram sidecar's UMBP_DRAM_CAPACITY: not a contract key, the same bound.
+        problems.add(
+            "spec.l3.dram.capacity",
+            f"{sizing.dram_total} B for the umbp-dram sidecar (UMBP_DRAM_CAPACITY) is above "
+            f"{MAX_MEMORY_BYTES} B (128 TiB, the x86-64 user address space: no host mapping is "
+            "larger; mori's PoolClient::Init() fails)",
+        )
     values = contract_values(spec, namespace, name, sizing, ssd, enable_metrics)
     try:
         env = render_env(values)
@@ -267,7 +302,7 @@ def plan_engine_env(
         command = render_command(cfg, {}, python="python")
     except ConfigError as err:
         for p in err.problems:
-            problems.add("spec", f"the pod would reject its configuration: {p}")
+            problems.add(contract_field(p), f"the pod would reject its configuration: {p}")
         return None
     except LaunchError as err:
         problems.add("spec", f"the launcher would refuse to start: {err}")
