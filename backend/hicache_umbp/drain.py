@@ -12,8 +12,16 @@ What the hook does, in order:
    reach every kube-proxy and client;
 2. in-flight requests finish: it polls SGLang's ``/metrics`` (``sglang:num_running_reqs`` and
    ``sglang:num_queue_reqs``) until both are 0 or ``--timeout`` seconds passed;
-3. returns; the kubelet then sends SIGTERM and SGLang exits, releasing its pinned host pool
+3. with ``--l3-timeout`` (standalone pods): L3 takes what is still queued from the host pool
+   (:func:`wait_l3_caught_up`), since the kubelet runs this hook also before an in-place image
+   change restarts the engine, and the sidecars keep L3 for the new one;
+4. returns; the kubelet then sends SIGTERM and SGLang exits, releasing its pinned host pool
    (the rest of the grace period, sized by the operator from the pool size).
+
+The launcher's configuration watcher (``launch.revision``) drains the same way before it stops
+the engine for a new configuration, and in standalone mode waits for L3 (at most
+:data:`L3_CATCH_UP_TIMEOUT_S`): a page still queued between the host pool and L3 when the engine
+stops is a page the restarted engine misses.
 
 Prints one line; exits 1 when requests were still in flight at the timeout, which the kubelet
 reports as a ``FailedPreStopHook`` event with that line (it sends SIGTERM either way).
@@ -32,7 +40,22 @@ import urllib.request
 from collections.abc import Callable, Sequence
 
 IN_FLIGHT_METRICS = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
+#: SGLang's device -> host (L2) backups, and the host -> L3 backups that follow each of them
+#: (completed, and dropped ones that will never complete): L3 has caught up when
+#: ``l3 + dropped >= l2``.
+L2_BACKUP_METRIC = "sglang:hicache_backup_tokens_total"
+L3_BACKUP_METRIC = "sglang:backuped_tokens_total"
+L3_DROPPED_METRIC = "sglang:hicache_backup_dropped_tokens_total"
+#: Each rank exports its own copy of a count the ranks share (the same pages on every rank of
+#: an MLA pod); these labels tell the copies apart, the others tell real parts apart.
+RANK_LABELS = frozenset({"tp_rank", "dp_rank", "pp_rank", "pp_size", "attn_cp_rank",
+                         "attn_cp_size"})
+#: The longest an in-place restart waits for L3, and how long L3 may stand still before it
+#: stops waiting (a tier refusing writes, or a write policy that backs up only some pages).
+L3_CATCH_UP_TIMEOUT_S = 60.0
+L3_STALL_S = 5.0
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
 def in_flight(metrics_text: str) -> int:
@@ -43,6 +66,30 @@ def in_flight(metrics_text: str) -> int:
         if m and m.group(1) in IN_FLIGHT_METRICS:
             total += float(m.group(3))
     return int(total)
+
+
+def rank_reduced(metrics_text: str, name: str) -> float | None:
+    """``name``'s value: the largest of the ranks' copies, summed over the other label sets;
+    None when no sample of it is exported."""
+    groups: dict[tuple[tuple[str, str], ...], float] = {}
+    for line in metrics_text.splitlines():
+        m = _SAMPLE.match(line)
+        if not m or m.group(1) not in (name, name.removesuffix("_total")):
+            continue
+        labels = tuple(sorted((k, v) for k, v in _LABEL.findall(m.group(2) or "")
+                              if k not in RANK_LABELS))
+        groups[labels] = max(groups.get(labels, 0.0), float(m.group(3)))
+    return sum(groups.values()) if groups else None
+
+
+def l3_behind(metrics_text: str) -> tuple[float, float] | None:
+    """(tokens backed up to the host pool, of them in L3 or given up), or None when the engine
+    exports no L3 backups (no storage backend, or metrics off)."""
+    l2 = rank_reduced(metrics_text, L2_BACKUP_METRIC)
+    l3 = rank_reduced(metrics_text, L3_BACKUP_METRIC)
+    if l2 is None or l3 is None:
+        return None
+    return l2, l3 + (rank_reduced(metrics_text, L3_DROPPED_METRIC) or 0.0)
 
 
 def read_metrics(base_url: str, timeout_s: float = 5.0) -> str | None:
@@ -82,15 +129,56 @@ def drain(
         sleep(poll_s)
 
 
+def wait_l3_caught_up(
+    base_url: str,
+    timeout_s: float = L3_CATCH_UP_TIMEOUT_S,
+    stall_s: float = L3_STALL_S,
+    *,
+    poll_s: float = 0.5,
+    fetch: Callable[[str], str | None] = read_metrics,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[bool, str]:
+    """Wait until L3 holds every page SGLang backed up to the host pool, while it keeps moving:
+    at most ``timeout_s``, and no longer than ``stall_s`` without progress."""
+    start = clock()
+    moved_at, last = start, -1.0
+    while True:
+        text = fetch(base_url)
+        now = clock()
+        counts = l3_behind(text) if text is not None else None
+        if counts is None:
+            return True, "no L3 backups exported: nothing to wait for"
+        l2, l3 = counts
+        if l3 >= l2:
+            return True, (f"L3 caught up: {l3:.0f} of {l2:.0f} host-pool tokens after "
+                          f"{now - start:.1f} s")
+        if l3 > last:
+            moved_at, last = now, l3
+        if now - start >= timeout_s or now - moved_at >= stall_s:
+            why = "timeout" if now - start >= timeout_s else f"no progress for {stall_s:g} s"
+            return False, (f"L3 behind: {l3:.0f} of {l2:.0f} host-pool tokens after "
+                           f"{now - start:.1f} s ({why}); the restarted engine misses the rest")
+        sleep(poll_s)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m hicache_umbp.drain", description=__doc__)
     p.add_argument("--timeout", type=float, required=True,
                    help="seconds to wait for in-flight requests")
     p.add_argument("--endpoint-delay", type=float, default=5.0,
                    help="seconds for the endpoints to drop the terminating pod")
+    p.add_argument("--l3-timeout", type=float, default=0.0,
+                   help="then at most this many seconds for L3 to take what is still queued "
+                   "from the host pool (0: do not wait; standalone pods, whose sidecars keep L3 "
+                   "for an engine restarted in place)")
     p.add_argument("--port", type=int, default=int(os.environ.get("HICACHE_PORT", "30000")))
     args = p.parse_args(argv)
-    ok, message = drain(f"http://127.0.0.1:{args.port}", args.timeout, args.endpoint_delay)
+    base = f"http://127.0.0.1:{args.port}"
+    ok, message = drain(base, args.timeout, args.endpoint_delay)
+    if args.l3_timeout > 0:
+        caught_up, l3_message = wait_l3_caught_up(base, args.l3_timeout)
+        ok, message = ok and caught_up, f"{message}; {l3_message}"
     print(f"hicache-drain: {message}", file=sys.stdout if ok else sys.stderr, flush=True)
     return 0 if ok else 1
 

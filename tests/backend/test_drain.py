@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from hicache_umbp.drain import drain, in_flight
+from hicache_umbp.drain import drain, in_flight, l3_behind, rank_reduced, wait_l3_caught_up
 
 PAGE = """# HELP sglang:num_running_reqs The number of running requests.
 sglang:num_running_reqs{{model_name="m",tp_rank="0"}} {running}
@@ -49,3 +49,60 @@ def test_a_server_without_metrics_is_drained_after_the_endpoint_delay() -> None:
     clock = Clock()
     ok, msg = drain("http://x", 30, 5, fetch=lambda _: None, clock=clock, sleep=clock.sleep)
     assert ok and clock.t == 5.0 and "no metrics" in msg
+
+
+# An MLA pod's two ranks each export the same L3 count (the pages they share); the L2 count is
+# per rank and equal too.
+L3_PAGE = """sglang:hicache_backup_tokens_total{{pool="kv",tp_rank="0"}} {l2}
+sglang:hicache_backup_tokens_total{{pool="kv",tp_rank="1"}} {l2}
+sglang:backuped_tokens_total{{storage_backend="dynamic",tp_rank="0"}} {l3}
+sglang:backuped_tokens_total{{storage_backend="dynamic",tp_rank="1"}} {l3}
+sglang:hicache_backup_dropped_tokens_total{{storage_backend="dynamic",tp_rank="0"}} {dropped}
+"""
+
+
+def test_l3_counts_take_one_copy_per_rank_and_count_dropped_backups_as_settled() -> None:
+    assert l3_behind(L3_PAGE.format(l2=1024.0, l3=512.0, dropped=64.0)) == (1024.0, 576.0)
+    assert rank_reduced(L3_PAGE.format(l2=1.0, l3=2.0, dropped=0.0),
+                        "sglang:backuped_tokens_total") == 2.0
+    assert l3_behind(PAGE.format(running=0.0, queued=0.0)) is None  # no storage backend
+
+
+def test_the_l3_wait_ends_when_l3_holds_what_the_host_pool_got() -> None:
+    clock = Clock()
+    pages = iter([L3_PAGE.format(l2=1024.0, l3=256.0 * i, dropped=0.0) for i in range(5)])
+    ok, msg = wait_l3_caught_up("http://x", fetch=lambda _: next(pages), clock=clock,
+                                sleep=clock.sleep)
+    assert ok and clock.t == 2.0
+    assert msg == "L3 caught up: 1024 of 1024 host-pool tokens after 2.0 s"
+
+
+def test_the_l3_wait_stops_when_l3_stands_still_and_says_what_is_missing() -> None:
+    clock = Clock()
+    ok, msg = wait_l3_caught_up("http://x", timeout_s=60, stall_s=5,
+                                fetch=lambda _: L3_PAGE.format(l2=1024.0, l3=512.0, dropped=0.0),
+                                clock=clock, sleep=clock.sleep)
+    assert not ok and clock.t == 5.0
+    assert "L3 behind: 512 of 1024 host-pool tokens after 5.0 s (no progress for 5 s)" in msg
+
+
+def test_the_l3_wait_is_bounded_while_l3_keeps_moving() -> None:
+    clock = Clock()
+    counter = iter(range(10**6))
+    ok, msg = wait_l3_caught_up(
+        "http://x", timeout_s=10, stall_s=5,
+        fetch=lambda _: L3_PAGE.format(l2=10.0**9, l3=float(next(counter)), dropped=0.0),
+        clock=clock, sleep=clock.sleep)
+    assert not ok and clock.t == 10.0 and "(timeout)" in msg
+
+
+def test_an_engine_without_l3_or_metrics_is_not_waited_for() -> None:
+    pages: tuple[str | None, ...] = (PAGE.format(running=0.0, queued=0.0), None)
+    for page in pages:
+        clock = Clock()
+
+        def fetch(_: str, p: str | None = page) -> str | None:
+            return p
+
+        ok, msg = wait_l3_caught_up("http://x", fetch=fetch, clock=clock, sleep=clock.sleep)
+        assert ok and clock.t == 0.0 and "nothing to wait for" in msg

@@ -112,3 +112,21 @@ def test_the_grace_period_covers_the_drain_and_the_pool_release() -> None:
     hook = big["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
     assert hook[:3] == ["python", "-m", "hicache_umbp.drain"]
     assert float(hook[hook.index("--timeout") + 1]) == DRAIN_TIMEOUT_S
+
+
+def test_a_standalone_pods_drain_lets_l3_catch_up_within_the_grace_period() -> None:
+    """The sidecars keep L3 for an engine restarted in place (the kubelet runs preStop before
+    an in-place image change too), so the standalone hook waits for L3; embedded, L3 ends with
+    the engine and the hook does not wait."""
+    from hicache_operator.planner.pod_overhead import DRAIN_L3_TIMEOUT_S
+    from hicache_umbp.drain import L3_CATCH_UP_TIMEOUT_S
+
+    standalone = _pod(_plan(_cr("deepseek-r1-mi355x.yaml")))
+    embedded = _pod(_plan(_cr("minimal-dram-only.yaml")))
+    hook = standalone["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+    assert float(hook[hook.index("--l3-timeout") + 1]) == DRAIN_L3_TIMEOUT_S
+    assert DRAIN_L3_TIMEOUT_S == L3_CATCH_UP_TIMEOUT_S  # the watcher's bound, the same
+    assert "--l3-timeout" not in embedded["containers"][0]["lifecycle"]["preStop"]["exec"][
+        "command"]
+    assert standalone["terminationGracePeriodSeconds"] >= (
+        DRAIN_TIMEOUT_S + DRAIN_L3_TIMEOUT_S + 0.2 * 1600)

@@ -87,13 +87,19 @@ def test_an_engine_only_rollout_in_place_serves_the_next_requests_from_storage(
         report = json.loads((pod.volume_host_path("hicache-run") /
                              "launch-report.json").read_text())
         assert report["config_revision"] == want  # the new revision, from the ConfigMap
+        # Before the stop, L3 took every page the host pool had (the kubelet's preStop drain
+        # for a new image, the launcher's watcher for a new configuration).
         if change == "image":
             assert any(e.message == "Container engine definition changed, will be restarted"
                        for e in pod.events_of("engine", "Killing"))
+            stops = [e.message for e in pod.events_of("engine")
+                     if e.reason in ("PreStop", "FailedPreStopHook")]
+            assert any("L3 caught up" in m for m in stops), stops
         else:
             assert "--log-level" in report["argv"]
             log = engine.log_text(400000)
             assert f"configuration revision changed from {was} to {want}" in log
+            assert "L3 caught up" in log, log[-3000:]
 
         warm = c.generate(PROMPT)
         details = warm["meta_info"]["cached_tokens_details"]

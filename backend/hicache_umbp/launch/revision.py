@@ -43,7 +43,7 @@ from ..contract.revisions import (
     config_key,
     is_revision_variable,
 )
-from ..drain import drain, read_metrics
+from ..drain import drain, read_metrics, wait_l3_caught_up
 from .errors import LaunchError
 from .noderoot import NodeRoot
 
@@ -58,7 +58,7 @@ WATCH_INTERVAL_S = 1.0
 #: Before it stops the engine the watcher lets the requests in flight finish, as the preStop
 #: hook does before a kubelet's SIGTERM (``hicache_umbp.drain``, the same timeout as the hook's:
 #: ``planner.pod_overhead.DRAIN_TIMEOUT_S``); the pod is not terminating, so there is no
-#: endpoint delay.
+#: endpoint delay. Standalone, it then waits for L3 (``drain.L3_CATCH_UP_TIMEOUT_S`` at most).
 STOP_DRAIN_TIMEOUT_S = 300.0
 #: Then SIGTERM, and SIGKILL after this (SGLang's stop releases its host pool meanwhile).
 STOP_GRACE_S = 110.0
@@ -162,11 +162,13 @@ def watch_revision(root: NodeRoot, started: str, engine_pid: int, *,
 
 
 def start_watcher(root: NodeRoot, started: str, path: str = ANNOTATIONS_FILE, *,
-                  port: int | None = None) -> int | None:
+                  port: int | None = None, wait_l3: bool = False) -> int | None:
     """Fork the watcher for the process about to exec the engine (this process's pid is the
     engine's after ``execve``); with ``port`` (the engine's HTTP port) it drains the engine
-    before stopping it. Returns the watcher's pid in the parent; never returns in the child.
-    None when the pod has no annotations file (no downward API volume mounted)."""
+    before stopping it, and with ``wait_l3`` (standalone: the sidecars keep L3 for the
+    restarted engine) lets L3 take what is still queued from the host pool. Returns the
+    watcher's pid in the parent; never returns in the child. None when the pod has no
+    annotations file (no downward API volume mounted)."""
     if not root.exists(path):
         log.warning("%s is missing: a new configuration revision will not restart the "
                     "engine by itself", path)
@@ -177,7 +179,14 @@ def start_watcher(root: NodeRoot, started: str, path: str = ANNOTATIONS_FILE, *,
         return pid
     code = 0
     def drain_engine() -> tuple[bool, str]:
-        return drain(f"http://127.0.0.1:{port}", STOP_DRAIN_TIMEOUT_S, 0.0, fetch=read_metrics)
+        # Unlike a deleted pod's, this engine's sidecars stay: what they hold is what the
+        # restarted engine finds, so the pages still queued for L3 get there first.
+        base = f"http://127.0.0.1:{port}"
+        drained, message = drain(base, STOP_DRAIN_TIMEOUT_S, 0.0, fetch=read_metrics)
+        if not wait_l3:
+            return drained, message
+        caught_up, l3_message = wait_l3_caught_up(base)
+        return drained and caught_up, f"{message}; {l3_message}"
 
     try:  # the child: never return into the launcher
         watch_revision(root, started, engine_pid, path=path,

@@ -222,8 +222,9 @@ class RolloutConfig(ApiModel):
         "stops) when the pod's engine container is still the old one this long after the "
         "update. For a new image the kubelet stops it at once (after the preStop drain); for "
         "a new configuration the hicache launcher (the engine's command) stops it within "
-        "seconds, after letting the requests in flight finish (at most 300 s), so keep this "
-        "above 410 s.",
+        "seconds, after letting the requests in flight finish (at most 300 s) and L3 catch "
+        "up with the host pool (at most 60 s), then SIGTERM (110 s before SIGKILL), so keep "
+        "this above 470 s.",
     )
 
 

@@ -24,6 +24,7 @@ from ..planner.engine import (
 from ..planner.k8s_checks import SHM_PATH
 from ..planner.pod_overhead import (
     DRAIN_ENDPOINT_DELAY_S,
+    DRAIN_L3_TIMEOUT_S,
     DRAIN_TIMEOUT_S,
     termination_grace_seconds,
 )
@@ -123,9 +124,12 @@ def _engine_container(b: BuildInput) -> dict[str, Any]:
         },
         # On deletion: the endpoints drop the terminating pod, in-flight requests finish, then
         # SIGTERM (planner.pod_overhead: terminationGracePeriodSeconds covers this and the release).
+        # Standalone, L3 first takes what is queued: before an in-place image change the kubelet
+        # runs this hook too, and the sidecars keep L3 for the restarted engine.
         "lifecycle": {"preStop": {"exec": {"command": [
             *DRAIN_COMMAND, "--timeout", str(DRAIN_TIMEOUT_S),
-            "--endpoint-delay", str(DRAIN_ENDPOINT_DELAY_S)]}}},
+            "--endpoint-delay", str(DRAIN_ENDPOINT_DELAY_S),
+            *(["--l3-timeout", str(DRAIN_L3_TIMEOUT_S)] if standalone else [])]}}},
         "securityContext": engine_security_context(spec, b.config.policy),
     }
 
@@ -230,7 +234,8 @@ def build_statefulset(b: BuildInput) -> dict[str, Any]:
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": termination_grace_seconds(
             # the host pools and, embedded, the UMBP DRAM (dram_per_rank is 0 standalone)
-            (b.sizing.host_pool_per_rank + b.sizing.dram_per_rank) * b.sizing.ranks),
+            (b.sizing.host_pool_per_rank + b.sizing.dram_per_rank) * b.sizing.ranks,
+            l3_wait=spec.l3.mode == "standalone"),
         "securityContext": pod_security_context(b.config.engine_pod_security),
         "affinity": b.affinity,
         "tolerations": b.tolerations,

@@ -13,9 +13,12 @@
   tier). Only 4 KiB-backed mappings are counted: a hugepage mapping costs 1/512 (2 MiB pages) or
   less of that, inside the process allowance (the DeepSeek-R1 example's 1.6 TiB engine pool on
   2 MiB pages: 6.4 MiB). The umbp-ssd sidecar adds ``PT(R * H)`` of a 4 KiB-backed engine pool.
-* terminationGracePeriodSeconds = ``5 + 300 + ceil(0.2 s/GiB * engine pools) + 30``: the
+* terminationGracePeriodSeconds = ``5 + 300 [+ 60] + ceil(0.2 s/GiB * engine pools) + 30``: the
   ``preStop`` drain (``hicache_umbp.drain``: 5 s for the endpoints to drop the pod, then up to
-  300 s for in-flight requests, long generations of large models), then SIGTERM and the release
+  300 s for in-flight requests, long generations of large models; standalone, up to 60 s more
+  for L3 to take what is still queued from the host pool: the kubelet runs the same hook before
+  an in-place image change restarts the engine, and the sidecars keep L3 for the new one), then
+  SIGTERM and the release
   of the engine's host pools (munmap and unpinning; bounded by the 0.174 s/GiB measured to
   allocate and prefault hugetlb memory, DESIGN §7), plus 30 s for the rest of the exit. The
   DeepSeek-R1 example (8 x 200 GiB): 655 s, where 120 s cut long generations and the release.
@@ -33,6 +36,9 @@ PAGE_TABLE_BYTES_PER_PAGE = 8
 #: preStop drain (hicache_umbp.drain): endpoint propagation, then in-flight requests.
 DRAIN_ENDPOINT_DELAY_S = 5
 DRAIN_TIMEOUT_S = 300
+#: Standalone: then up to this long for L3 to catch up with the host pool (the same bound as the
+#: launcher's configuration watcher, ``hicache_umbp.drain.L3_CATCH_UP_TIMEOUT_S``).
+DRAIN_L3_TIMEOUT_S = 60
 #: Seconds per GiB of engine pool to release at stop (0.2: upper bound, allocate + prefault).
 RELEASE_S_PER_GIB = (1, 5)
 GRACE_MARGIN_S = 30
@@ -58,9 +64,11 @@ def sidecar_dram_memory(pool_bytes: int, pool_page: int, registered: dict[int, i
     return -(-total // MIB) * MIB
 
 
-def termination_grace_seconds(engine_pool_bytes: int) -> int:
+def termination_grace_seconds(engine_pool_bytes: int, l3_wait: bool = False) -> int:
     """terminationGracePeriodSeconds for an engine holding ``engine_pool_bytes`` of host pools
-    (and embedded UMBP DRAM): drain, then release them (module docstring)."""
+    (and embedded UMBP DRAM): drain (``l3_wait``: and let L3 catch up), then release them
+    (module docstring)."""
     num, den = RELEASE_S_PER_GIB
     release = -(-engine_pool_bytes * num // (den * GIB))
-    return DRAIN_ENDPOINT_DELAY_S + DRAIN_TIMEOUT_S + release + GRACE_MARGIN_S
+    drain = DRAIN_ENDPOINT_DELAY_S + DRAIN_TIMEOUT_S + (DRAIN_L3_TIMEOUT_S if l3_wait else 0)
+    return drain + release + GRACE_MARGIN_S
