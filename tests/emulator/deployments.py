@@ -21,6 +21,7 @@ import hashlib
 import json
 
 from .store import ApiError, Obj, Store, WatchEvent
+from .workloads import workload_key
 
 
 def _ready(pod: Obj) -> bool:
@@ -41,16 +42,8 @@ class DeploymentSimulator:
         self.store.listeners.append(self._on_event)
 
     def _on_event(self, event: WatchEvent) -> None:
-        meta = event.object["metadata"]
-        if event.rtype.key == self.deployments.key:
-            key = (meta["namespace"], meta["name"])
-        elif event.rtype.key == self.pods.key:
-            owner = next((r for r in meta.get("ownerReferences") or []
-                          if r.get("kind") == "Deployment"), None)
-            if owner is None:
-                return
-            key = (meta["namespace"], owner["name"])
-        else:
+        key = workload_key(event, self.deployments.key, self.pods.key, "Deployment")
+        if key is None:
             return
         if key not in self._pending and self._loop is not None:
             self._pending.add(key)

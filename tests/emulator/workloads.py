@@ -57,6 +57,20 @@ def _owner(obj: Obj, controller: bool = True) -> dict[str, Any]:
             "controller": controller, "blockOwnerDeletion": True}
 
 
+def workload_key(event: WatchEvent, workload_rkey: tuple[str, str], pods_rkey: tuple[str, str],
+                 kind: str) -> tuple[str, str] | None:
+    """(namespace, name) of the ``kind`` workload an event concerns: the workload itself, or
+    the one owning the pod; None for anything else."""
+    meta = event.object["metadata"]
+    if event.rtype.key == workload_rkey:
+        return meta["namespace"], meta["name"]
+    if event.rtype.key == pods_rkey:
+        owner = next((r for r in meta.get("ownerReferences") or [] if r.get("kind") == kind),
+                     None)
+        return None if owner is None else (meta["namespace"], owner["name"])
+    return None
+
+
 def _pod_ready(pod: Obj) -> bool:
     conditions = (pod.get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
@@ -91,16 +105,8 @@ class WorkloadSimulator:
         self.store.listeners.append(self.kubelet.on_event)
 
     def _on_event(self, event: WatchEvent) -> None:
-        meta = event.object["metadata"]
-        if event.rtype.key == self.sts.key:
-            key = (meta["namespace"], meta["name"])
-        elif event.rtype.key == self.pods.key:
-            owner = next((r for r in meta.get("ownerReferences") or []
-                          if r.get("kind") == "StatefulSet"), None)
-            if owner is None:
-                return
-            key = (meta["namespace"], owner["name"])
-        else:
+        key = workload_key(event, self.sts.key, self.pods.key, "StatefulSet")
+        if key is None:
             return
         if key not in self._pending and self._loop is not None:
             self._pending.add(key)
