@@ -181,12 +181,16 @@ def main() -> None:
 
     # 7. the image's files back on top, reachable by the container user. A path the machine
     # lacks (/opt/sglang-hicache) gets a 0755 tmpfs on its deepest existing ancestor below /,
-    # so nothing is created on the machine's own filesystem.
+    # so nothing is created on the machine's own filesystem. Inside the writable layer or a
+    # volume (a checkout under /tmp) the mount points are made in it, as a runtime does: a
+    # tmpfs there would cover the layer's 1777 /tmp with a 0755 one the user cannot write.
+    covered = [*spec.get("layer", {}), *(m["target"] for m in spec["mounts"])]
     for target, _ in image:
         base = os.path.dirname(target)
         while not os.path.exists(base):
             base = os.path.dirname(base)
-        if base != "/" and not os.path.exists(target) and base not in locked:
+        inside = any(base == c or base.startswith(c.rstrip("/") + "/") for c in covered)
+        if base != "/" and not os.path.exists(target) and base not in locked and not inside:
             locked.add(base)
     for d in sorted(locked, key=len):
         if not any(d.startswith(o + "/") for o in locked if o != d):

@@ -198,3 +198,17 @@ def test_the_images_files_are_reachable_wherever_the_checkout_lives(node, moved_
                             volumes=[{"name": "tmp", "emptyDir": {}}])
     assert rc == 0, log
     assert all(report(log).values()), log
+
+
+def test_a_checkout_under_tmp_leaves_the_containers_tmp_writable(node, moved_image, workdir):
+    """The image's files under /tmp (a clone there) sit inside the fresh writable layer, whose
+    /tmp stays 1777 as in a real image: the non-root user can write there."""
+    under_tmp = next(p for p in moved_image.paths if p.startswith("/tmp/hicache-node-"))
+    code = ("import json, os; open('/tmp/probe', 'w').close(); "
+            f"print(json.dumps({{'python': os.access({under_tmp!r} + '/python', os.X_OK), "
+            "'tmp_sticky_world_writable': os.stat('/tmp').st_mode & 0o1777 == 0o1777}))")
+    container = python("tmpclone", code)
+    container["command"] = [f"{under_tmp}/python", "-c", code]
+    rc, log = run_container(node, moved_image, workdir, container, pod_security=POD)
+    assert rc == 0, log
+    assert all(report(log).values()), log
