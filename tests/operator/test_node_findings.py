@@ -112,6 +112,8 @@ def test_the_grace_period_covers_the_drain_and_the_pool_release() -> None:
     hook = big["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
     assert hook[:3] == ["python", "-m", "hicache_umbp.drain"]
     assert float(hook[hook.index("--timeout") + 1]) == DRAIN_TIMEOUT_S
+    # the engine's port, also where configuration revisions hide HICACHE_PORT from the hook
+    assert hook[hook.index("--port") + 1] == str(big["containers"][0]["ports"][0]["containerPort"])
 
 
 def test_a_standalone_pods_drain_lets_l3_catch_up_within_the_grace_period() -> None:

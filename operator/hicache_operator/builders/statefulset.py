@@ -125,10 +125,11 @@ def _engine_container(b: BuildInput) -> dict[str, Any]:
         # On deletion: the endpoints drop the terminating pod, in-flight requests finish, then
         # SIGTERM (planner.pod_overhead: terminationGracePeriodSeconds covers this and the release).
         # Standalone, L3 first takes what is queued: before an in-place image change the kubelet
-        # runs this hook too, and the sidecars keep L3 for the restarted engine.
+        # runs this hook too, and the sidecars keep L3 for the restarted engine. The port is
+        # given: with configuration revisions HICACHE_PORT is not a variable of the container.
         "lifecycle": {"preStop": {"exec": {"command": [
             *DRAIN_COMMAND, "--timeout", str(DRAIN_TIMEOUT_S),
-            "--endpoint-delay", str(DRAIN_ENDPOINT_DELAY_S),
+            "--endpoint-delay", str(DRAIN_ENDPOINT_DELAY_S), "--port", str(spec.engine.port),
             *(["--l3-timeout", str(DRAIN_L3_TIMEOUT_S)] if standalone else [])]}}},
         "securityContext": engine_security_context(spec, b.config.policy),
     }
