@@ -25,7 +25,7 @@ stops is a page the restarted engine misses.
 
 Prints one line; exits 1 when requests were still in flight at the timeout, which the kubelet
 reports as a ``FailedPreStopHook`` event with that line (it sends SIGTERM either way).
-Standard library only.
+Standard library and the contract's metric names only (the operator reads the same).
 """
 
 from __future__ import annotations
@@ -39,17 +39,14 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 
+from .contract.names import (
+    SGLANG_L2_BACKUP_METRIC,
+    SGLANG_L3_BACKUP_METRIC,
+    SGLANG_L3_DROPPED_METRIC,
+    SGLANG_RANK_LABELS,
+)
+
 IN_FLIGHT_METRICS = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
-#: SGLang's device -> host (L2) backups, and the host -> L3 backups that follow each of them
-#: (completed, and dropped ones that will never complete): L3 has caught up when
-#: ``l3 + dropped >= l2``.
-L2_BACKUP_METRIC = "sglang:hicache_backup_tokens_total"
-L3_BACKUP_METRIC = "sglang:backuped_tokens_total"
-L3_DROPPED_METRIC = "sglang:hicache_backup_dropped_tokens_total"
-#: Each rank exports its own copy of a count the ranks share (the same pages on every rank of
-#: an MLA pod); these labels tell the copies apart, the others tell real parts apart.
-RANK_LABELS = frozenset({"tp_rank", "dp_rank", "pp_rank", "pp_size", "attn_cp_rank",
-                         "attn_cp_size"})
 #: The longest an in-place restart waits for L3, and how long L3 may stand still before it
 #: stops waiting (a tier refusing writes, or a write policy that backs up only some pages).
 L3_CATCH_UP_TIMEOUT_S = 60.0
@@ -77,7 +74,7 @@ def rank_reduced(metrics_text: str, name: str) -> float | None:
         if not m or m.group(1) not in (name, name.removesuffix("_total")):
             continue
         labels = tuple(sorted((k, v) for k, v in _LABEL.findall(m.group(2) or "")
-                              if k not in RANK_LABELS))
+                              if k not in SGLANG_RANK_LABELS))
         groups[labels] = max(groups.get(labels, 0.0), float(m.group(3)))
     return sum(groups.values()) if groups else None
 
@@ -85,11 +82,11 @@ def rank_reduced(metrics_text: str, name: str) -> float | None:
 def l3_behind(metrics_text: str) -> tuple[float, float] | None:
     """(tokens backed up to the host pool, of them in L3 or given up), or None when the engine
     exports no L3 backups (no storage backend, or metrics off)."""
-    l2 = rank_reduced(metrics_text, L2_BACKUP_METRIC)
-    l3 = rank_reduced(metrics_text, L3_BACKUP_METRIC)
+    l2 = rank_reduced(metrics_text, SGLANG_L2_BACKUP_METRIC)
+    l3 = rank_reduced(metrics_text, SGLANG_L3_BACKUP_METRIC)
     if l2 is None or l3 is None:
         return None
-    return l2, l3 + (rank_reduced(metrics_text, L3_DROPPED_METRIC) or 0.0)
+    return l2, l3 + (rank_reduced(metrics_text, SGLANG_L3_DROPPED_METRIC) or 0.0)
 
 
 def read_metrics(base_url: str, timeout_s: float = 5.0) -> str | None:

@@ -106,3 +106,13 @@ def test_an_engine_without_l3_or_metrics_is_not_waited_for() -> None:
 
         ok, msg = wait_l3_caught_up("http://x", fetch=fetch, clock=clock, sleep=clock.sleep)
         assert ok and clock.t == 0.0 and "nothing to wait for" in msg
+
+
+def test_data_parallel_ranks_are_parts_not_copies() -> None:
+    """dp ranks hold their own pages: one rank's lag is not hidden by another's lead."""
+    page = """sglang:hicache_backup_tokens_total{pool="kv",tp_rank="0",dp_rank="0"} 100
+sglang:hicache_backup_tokens_total{pool="kv",tp_rank="0",dp_rank="1"} 50
+sglang:backuped_tokens_total{storage_backend="dynamic",tp_rank="0",dp_rank="0"} 100
+sglang:backuped_tokens_total{storage_backend="dynamic",tp_rank="0",dp_rank="1"} 10
+"""
+    assert l3_behind(page) == (150.0, 110.0)

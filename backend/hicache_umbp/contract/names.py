@@ -39,3 +39,14 @@ def dynamic_extra_config(**settings: Any) -> dict[str, Any]:
         "interface_v1": 1,
         **settings,
     }
+
+#: SGLang 0.5.23's backup counters that the operator's cache status and the drain hook both
+#: read: device -> host (L2) backups, and the host -> L3 backups that follow each of them
+#: (completed, and dropped ones that never complete).
+SGLANG_L2_BACKUP_METRIC: Final = "sglang:hicache_backup_tokens_total"
+SGLANG_L3_BACKUP_METRIC: Final = "sglang:backuped_tokens_total"
+SGLANG_L3_DROPPED_METRIC: Final = "sglang:hicache_backup_dropped_tokens_total"
+#: Labels that tell apart the ranks' copies of one count SGLang exports per rank (an MLA pod's
+#: ranks share their pages); the other labels tell real parts apart (dp ranks hold their own).
+SGLANG_RANK_LABELS: Final = frozenset({"tp_rank", "pp_rank", "pp_size", "attn_cp_rank",
+                                       "attn_cp_size", "moe_ep_rank"})

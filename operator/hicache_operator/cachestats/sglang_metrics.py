@@ -51,12 +51,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from hicache_umbp.contract.names import (
+    SGLANG_L2_BACKUP_METRIC,
+    SGLANG_L3_BACKUP_METRIC,
+    SGLANG_L3_DROPPED_METRIC,
+    SGLANG_RANK_LABELS,
+)
+
 PROMPT = "sglang:prompt_tokens_total"
 CACHED = "sglang:cached_tokens_total"
 PREFETCH_HIT = "sglang:storage_prefetch_hit_tokens_total"
-L3_BACKUP = "sglang:backuped_tokens_total"
-L3_DROPPED = "sglang:hicache_backup_dropped_tokens_total"
-L2_BACKUP = "sglang:hicache_backup_tokens_total"
+L3_BACKUP = SGLANG_L3_BACKUP_METRIC
+L3_DROPPED = SGLANG_L3_DROPPED_METRIC
+L2_BACKUP = SGLANG_L2_BACKUP_METRIC
 HOST_USED = "sglang:hicache_host_used_tokens"
 HOST_TOTAL = "sglang:hicache_host_total_tokens"
 UMBP_REFUSED = "hicache_umbp_ssd_refused_keys_total"
@@ -65,8 +72,7 @@ UMBP_LOST = "hicache_umbp_writeback_failed_keys_total"
 FAMILIES = (PROMPT, CACHED, PREFETCH_HIT, L3_BACKUP, L3_DROPPED, L2_BACKUP, HOST_USED, HOST_TOTAL,
             UMBP_REFUSED, UMBP_STALLS, UMBP_LOST)
 #: Labels that name a replica of the same logical count (reduced with max, not summed).
-RANK_LABELS = frozenset({"tp_rank", "pp_rank", "pp_size", "attn_cp_rank", "attn_cp_size",
-                         "moe_ep_rank"})
+RANK_LABELS = SGLANG_RANK_LABELS
 TIERS = ("device", "host", "storage")  # SGLang's cache_source values, fastest first
 FAILING_WRITE_RATIO = 0.5
 MIN_BACKUP_TOKENS = 256
