@@ -19,6 +19,7 @@ from .clients.runtime import require_distributed
 from .contract.page_limits import page_size_problems
 from .contract.settings import BY_KEY, ConfigError, RankConfig, StoreConfig
 from .contract.staging import write_back_ring_keys
+from .disk import DiskStore
 from .store.keys import KeyScheme
 from .store.protocol import UMBPClientLike
 from .store.ring import MemfdStaging
@@ -74,7 +75,10 @@ def build_store(
 
     try:
         for medium in media:
-            opened.append(make_client(rank_config, medium, ssd_value_bytes=value_bytes))
+            if medium == "ssd" and cfg.umbp_ssd_engine == "hicache":
+                opened.append(open_disk_tier(cfg, keys, value_bytes))
+            else:
+                opened.append(make_client(rank_config, medium, ssd_value_bytes=value_bytes))
     except BaseException:
         close_all()
         raise
@@ -109,6 +113,26 @@ def build_store(
         max_batch_pages=max_pages,
         on_close=close_all,
     )
+
+
+def open_disk_tier(cfg: StoreConfig, keys: KeyScheme, value_bytes: int) -> OpenedClient:
+    """Our SSD tier (:mod:`hicache_umbp.disk`) on the pod's drives, shared by its ranks."""
+    store = DiskStore.open(
+        cfg.ssd_dirs(),
+        capacity_bytes=cfg.ssd_pod_bytes(),
+        value_bytes=value_bytes,
+        identity=keys.pod_identity,
+        io_threads=cfg.umbp_ssd_io_threads,
+        direct_io=cfg.umbp_ssd_direct_io,
+        durable=cfg.umbp_ssd_durability == "strict",
+        log_interval_s=cfg.umbp_log_interval_s,
+    )
+    geo = store.geometry
+    return OpenedClient(
+        store, "ssd", cfg.umbp_mode, max_batch_keys=None, max_value_bytes=geo.slot_bytes,
+        description=(f"hicache SSD tier on {len(store.drives)} drive(s) "
+                     f"({geo.nslots} x {geo.slot_bytes} B slots each)"),
+        _on_close=[store.close])
 
 
 def _tiered(cfg: StoreConfig, dram: OpenedClient, ssd: OpenedClient, ring_keys: int,

@@ -32,6 +32,7 @@ from .settings import (
     Setting,
     StoreConfig,
     parse_value,
+    ssd_dirs_of,
 )
 
 
@@ -131,11 +132,22 @@ def _resolve(
 
 def _store_rules(v: dict[str, Any], problems: list[str]) -> None:
     mode = v.get("umbp_mode")
-    if mode == "embedded" and v.get("umbp_ssd_enabled"):
+    engine = v.get("umbp_ssd_engine", "hicache")
+    in_process = mode == "embedded" or (mode == "standalone" and engine == "hicache")
+    if in_process and v.get("umbp_ssd_enabled"):
         if not v.get("umbp_ssd_dir"):
             problems.append("umbp_ssd_enabled is true but umbp_ssd_dir is empty")
         if any(b <= 0 for b in v.get("umbp_ssd_bytes", (1,))):
             problems.append("umbp_ssd_enabled is true but umbp_ssd_bytes is 0 for some rank")
+    dirs = ssd_dirs_of(v.get("umbp_ssd_dir") or "")
+    if engine == "mori" and len(dirs) > 1:
+        s = BY_KEY["umbp_ssd_dir"]
+        problems.append(f"{s.key} ({s.env}) names {len(dirs)} directories, but "
+                        "umbp_ssd_engine=mori stores in one (mori's SSD node takes one "
+                        "storage directory); use umbp_ssd_engine=hicache for several drives")
+    if mode == "standalone" and engine == "mori" and dirs:
+        problems.append("umbp_ssd_dir is set with umbp_mode=standalone and umbp_ssd_engine=mori: "
+                        "the umbp-ssd sidecar holds that SSD tier, not the engine")
     if mode == "embedded" and any(
             not l3_media(mode, dram=b > 0, ssd=bool(v.get("umbp_ssd_enabled")))
             for b in v.get("umbp_dram_bytes", (1,))):

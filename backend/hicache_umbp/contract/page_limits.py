@@ -32,9 +32,12 @@ def page_size_problems(rank: RankConfig, value_bytes: int, parts_per_page: int) 
     if value_bytes < 1:
         return [f"page part size {value_bytes} bytes: the host pool reported no page bytes"]
     media = rank.media()
+    ours = cfg.umbp_ssd_engine == "hicache"
     if cfg.umbp_mode == "embedded":
         for medium, cap, key in (("dram", rank.dram_bytes, "umbp_dram_bytes"),
                                  ("ssd", rank.ssd_bytes, "umbp_ssd_bytes")):
+            if medium == "ssd" and ours:
+                continue  # the pod's drives are shared: checked below
             if medium in media and cap < page:
                 problems.append(
                     f"{key} ({BY_KEY[key].env}) of rank {rank.local_rank} = {cap} bytes cannot "
@@ -45,8 +48,18 @@ def page_size_problems(rank: RankConfig, value_bytes: int, parts_per_page: int) 
             write_back_ring_keys(cfg.umbp_tier_queue_bytes, value_bytes, parts_per_page)
         except ConfigError as e:
             problems += e.problems
+    if "ssd" in media and ours:
+        drives = max(1, len(cfg.ssd_dirs()))
+        share = cfg.ssd_pod_bytes() // drives
+        slot_bytes = -(-value_bytes // 4096) * 4096
+        if share < parts_per_page * slot_bytes:
+            s = BY_KEY["umbp_ssd_bytes"]
+            problems.append(
+                f"{s.key} ({s.env}): the pod's {cfg.ssd_pod_bytes()} bytes over {drives} "
+                f"drive(s) leave {share} bytes per drive, which cannot hold {what} (one 4 KiB-"
+                f"aligned slot of {slot_bytes} bytes per part)")
     slot = cfg.umbp_ssd_slot_bytes
-    if (cfg.umbp_mode == "standalone" and "ssd" in media
+    if (cfg.umbp_mode == "standalone" and "ssd" in media and not ours
             and ssd_keys_per_call(value_bytes, slot) < parts_per_page):
         s = BY_KEY["umbp_ssd_slot_bytes"]
         problems.append(

@@ -150,6 +150,9 @@ def _s(key: str, kind: Kind, default: Any, doc: str, **kw: Any) -> Setting:
 _EMB = frozenset({"embedded"})
 _STA = frozenset({"standalone"})
 _DIS = frozenset({"distributed"})
+_EMB_STA = frozenset({"embedded", "standalone"})
+#: The SSD tier's engines: ours (hicache.disk) and mori 1.2.4's SSD node.
+SSD_ENGINES = ("hicache", "mori")
 
 SETTINGS: tuple[Setting, ...] = (
     # --- identity and layout -------------------------------------------------------------------
@@ -173,14 +176,29 @@ SETTINGS: tuple[Setting, ...] = (
        "requests do not pay page faults.", modes=_EMB),
     # --- SSD tier ------------------------------------------------------------------------------
     _s("umbp_ssd_enabled", "bool", False, "Put an SSD tier behind (or instead of) DRAM."),
-    _s("umbp_ssd_dir", "str", "", "SSD mount; rank i stores under <dir>/rank-<i>.",
-       modes=_EMB),
-    _s("umbp_ssd_bytes", "rank_bytes", 0, "SSD tier capacity per rank in bytes.",
-       modes=_EMB, minimum=0),
-    _s("umbp_ssd_io_backend", "enum", "io_uring", "SSD I/O engine.", modes=_EMB,
+    _s("umbp_ssd_engine", "enum", "hicache", "What stores the SSD tier: hicache (ours: slot "
+       "files per drive, O_DIRECT preadv/pwritev from a thread pool, shared by the pod's ranks, "
+       "kept across restarts) or mori (mori 1.2.4's SSD node: embedded per rank, or the umbp-ssd "
+       "sidecar in standalone mode; its files are discarded at start).", modes=_EMB_STA,
+       choices=SSD_ENGINES),
+    _s("umbp_ssd_dir", "str", "", "SSD directories, comma-separated, one per drive. hicache: "
+       "every rank of the pod opens all of them and pages are striped over them by key; mori "
+       "(embedded only): one directory, rank i stores under <dir>/rank-<i>.", modes=_EMB_STA),
+    _s("umbp_ssd_bytes", "rank_bytes", 0, "SSD tier capacity per rank in bytes; the hicache "
+       "engine holds the ranks' sum for the pod, split evenly over the drives.",
+       modes=_EMB_STA, minimum=0),
+    _s("umbp_ssd_io_threads", "int", 8, "I/O threads per drive (hicache engine): the queue "
+       "depth each drive sees.", modes=_EMB_STA, minimum=1, maximum=256,
+       why_maximum="a drive's queue is saturated long before; each thread is a stack"),
+    _s("umbp_ssd_direct_io", "bool", True, "hicache engine: move 4 KiB-aligned pages between "
+       "the host pool and the drive with O_DIRECT (no page cache, no copy); false, or a "
+       "filesystem without O_DIRECT, goes through the page cache.", modes=_EMB_STA),
+    _s("umbp_ssd_io_backend", "enum", "io_uring", "SSD I/O engine of the mori engine (the "
+       "hicache engine always uses preadv/pwritev from threads).", modes=_EMB,
        choices=("io_uring", "posix")),
-    _s("umbp_ssd_durability", "enum", "relaxed", "relaxed: page cache may hold recent writes; "
-       "strict: every batch is durable before it is acknowledged.", modes=_EMB,
+    _s("umbp_ssd_durability", "enum", "relaxed", "relaxed: the page cache may hold recent "
+       "writes (a pod or engine restart keeps them, a node crash may not); strict: every batch "
+       "is durable before it is acknowledged (fdatasync + msync).", modes=_EMB_STA,
        choices=("relaxed", "strict")),
     # --- composition of DRAM in front of SSD -----------------------------------------------------
     _s("umbp_tier_write_policy", "enum", "write_back", "How pages written to DRAM reach the SSD "
@@ -283,8 +301,11 @@ class StoreConfig:
     umbp_dram_hugepage_bytes: int
     umbp_dram_prefault: bool
     umbp_ssd_enabled: bool
+    umbp_ssd_engine: str
     umbp_ssd_dir: str
     umbp_ssd_bytes: tuple[int, ...]
+    umbp_ssd_io_threads: int
+    umbp_ssd_direct_io: bool
     umbp_ssd_io_backend: str
     umbp_ssd_durability: str
     umbp_tier_write_policy: str
@@ -304,6 +325,14 @@ class StoreConfig:
     host_allow_4k_fallback: bool
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
+    def ssd_dirs(self) -> tuple[str, ...]:
+        """The SSD tier's drive directories (``umbp_ssd_dir``, comma-separated)."""
+        return ssd_dirs_of(self.umbp_ssd_dir)
+
+    def ssd_pod_bytes(self) -> int:
+        """The hicache engine's capacity for the whole pod: the ranks' sum."""
+        return sum(self.umbp_ssd_bytes)
+
     def rank(self, local_rank: int) -> RankConfig:
         """The scalar view one rank's store uses."""
         if not 0 <= local_rank < self.umbp_local_ranks:
@@ -312,7 +341,8 @@ class StoreConfig:
                  f"(umbp_local_ranks={self.umbp_local_ranks})"]
             )
         r = local_rank
-        ssd_dir = rank_ssd_dir(self.umbp_ssd_dir, r) if self.umbp_ssd_dir else ""
+        dirs = self.ssd_dirs()
+        ssd_dir = rank_ssd_dir(dirs[0], r) if dirs else ""
         return RankConfig(
             config=self,
             local_rank=r,
@@ -323,6 +353,10 @@ class StoreConfig:
             peer_port=self.umbp_peer_port[r],
             host_numa=self.host_numa[r],
         )
+
+
+def ssd_dirs_of(raw: str) -> tuple[str, ...]:
+    return tuple(d.strip() for d in raw.split(",") if d.strip())
 
 
 @dataclass(frozen=True)

@@ -137,6 +137,12 @@ class KeyScheme:
         )
 
     @property
+    def pod_identity(self) -> str:
+        """The fields every rank of the pod shares (everything before the rank): what a shared
+        SSD tier's drives are written for (:mod:`hicache_umbp.disk.layout`)."""
+        return self._prefixes[0].rsplit("/", 3)[0]
+
+    @property
     def parts_per_page(self) -> int:
         return len(self.parts)
 
