@@ -112,6 +112,7 @@ def build_store(
         log_interval_s=cfg.umbp_log_interval_s,
         max_batch_pages=max_pages,
         on_close=close_all,
+        medium=opened[0].medium if len(opened) == 1 else "dram",
     )
 
 

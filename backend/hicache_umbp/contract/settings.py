@@ -176,10 +176,12 @@ SETTINGS: tuple[Setting, ...] = (
        "requests do not pay page faults.", modes=_EMB),
     # --- SSD tier ------------------------------------------------------------------------------
     _s("umbp_ssd_enabled", "bool", False, "Put an SSD tier behind (or instead of) DRAM."),
-    _s("umbp_ssd_engine", "enum", "hicache", "What stores the SSD tier: hicache (ours: slot "
+    _s("umbp_ssd_engine", "enum", "mori", "What stores the SSD tier: hicache (ours: slot "
        "files per drive, O_DIRECT preadv/pwritev from a thread pool, shared by the pod's ranks, "
-       "kept across restarts) or mori (mori 1.2.4's SSD node: embedded per rank, or the umbp-ssd "
-       "sidecar in standalone mode; its files are discarded at start).", modes=_EMB_STA,
+       "kept across restarts; what the operator renders by default) or mori (mori 1.2.4's SSD "
+       "node: embedded per rank, or the umbp-ssd sidecar in standalone mode; its files are "
+       "discarded at start; the default here, so a pod rendered before the choice existed "
+       "starts as it did).", modes=_EMB_STA,
        choices=SSD_ENGINES),
     _s("umbp_ssd_dir", "str", "", "SSD directories, comma-separated, one per drive. hicache: "
        "every rank of the pod opens all of them and pages are striped over them by key; mori "

@@ -54,6 +54,11 @@ class StoreStats:
     # The client's tier counters (hicache_umbp.tiers.TierStats) when it composes DRAM and SSD:
     # refused SSD writes, retries, the write-back ring's stalls and pending keys.
     tiers: dict[str, int] = field(default_factory=dict)
+    # The SSD tier's own counters (hicache_umbp.disk.DiskStats) when it is ours.
+    disk: dict[str, int] = field(default_factory=dict)
+    # Pages served by each L3 tier: {"dram": n, "ssd": n} (the write-back ring counts as DRAM:
+    # it is host memory).
+    tier_pages: dict[str, int] = field(default_factory=dict)
 
 
 class UMBPStore:
@@ -74,12 +79,14 @@ class UMBPStore:
         on_close: Callable[[], None] | None = None,
         owns_client: bool = True,
         registered: dict[int, int] | None = None,
+        medium: str = "dram",
     ) -> None:
         if max_batch_pages is not None and max_batch_pages < 1:
             raise ValueError(f"max_batch_pages={max_batch_pages!r} must be >= 1 or None")
         self._client = client
         self._keys = keys
         self._parts = keys.parts_per_page
+        self._medium = medium  # the one L3 tier when the client is not tiered
         self._max_batch_pages = max_batch_pages
         self._on_close = on_close
         self._owns_client = owns_client
@@ -115,6 +122,7 @@ class UMBPStore:
             max_batch_pages=self._max_batch_pages,
             owns_client=False,
             registered=self._registered,
+            medium=self._medium,
         )
 
     # ------------------------------------------------------------------ registration
@@ -226,6 +234,19 @@ class UMBPStore:
                 out.tiers = {k: int(v) for k, v in vars(tier_stats()).items()}
             except Exception as e:
                 self._fail("stats_exception", "tier_stats raised %r", e)
+        ssd_side = getattr(self._client, "ssd", self._client)
+        disk_stats = getattr(ssd_side, "disk_stats", None)
+        if callable(disk_stats):
+            try:
+                out.disk = {k: int(v) for k, v in vars(disk_stats()).items()}
+            except Exception as e:
+                self._fail("stats_exception", "disk_stats raised %r", e)
+        t, parts = out.tiers, self._parts
+        if t:
+            out.tier_pages = {"dram": (t.get("dram_hits", 0) + t.get("ring_hits", 0)) // parts,
+                              "ssd": t.get("ssd_hits", 0) // parts}
+        else:  # one tier: every hit is its own
+            out.tier_pages = {self._medium: out.pages_get}
         return out
 
     def flush(self) -> bool:
