@@ -21,8 +21,8 @@ from hicache_umbp.contract.settings import (
     STORE_KEYS,
     ConfigError,
     Setting,
-    parse_value,
 )
+from hicache_umbp.contract.values import parse_value
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 

@@ -31,9 +31,9 @@ from .settings import (
     LaunchConfig,
     Setting,
     StoreConfig,
-    parse_value,
     ssd_dirs_of,
 )
+from .values import parse_value
 
 
 def _gather(

@@ -23,6 +23,7 @@ import errno
 import fcntl
 import logging
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -102,6 +103,9 @@ class Drive:
         self.geo = geo
         self.durable = durable
         self._direct_wanted = direct_io
+        #: transfers straight between the caller's page and the disk / through the page cache
+        self.direct_ios = self.buffered_ios = 0
+        self._count_lock = threading.Lock()
         if geo.nslots < 1:
             s = BY_KEY["umbp_ssd_bytes"]
             raise ConfigError([f"{s.key} ({s.env}): {directory} would hold no page: its share "
@@ -199,9 +203,13 @@ class Drive:
     # -------------------------------------------------------------------------- I/O
 
     def _fd_for(self, ptr: int, size: int) -> int:
-        if self._direct_fd >= 0 and ptr % ALIGN == 0 and size % ALIGN == 0:
-            return self._direct_fd
-        return self._data_fd
+        direct = self._direct_fd >= 0 and ptr % ALIGN == 0 and size % ALIGN == 0
+        with self._count_lock:
+            if direct:
+                self.direct_ios += 1
+            else:
+                self.buffered_ios += 1
+        return self._direct_fd if direct else self._data_fd
 
     def pread(self, slot: Slot, ptr: int) -> None:
         """Read ``slot`` into ``ptr`` (``slot.size`` bytes); raises OSError."""

@@ -54,8 +54,11 @@ class DiskStats:
     write_busy: int = 0  # keys not stored: every way of the set was being written
     read_errors: int = 0  # keys missed because the disk failed the read
     overwritten: int = 0  # keys missed because their slot was reused while being read
-    pages: int = 0  # committed slots on the drives (at the last count)
+    pages: int = 0  # committed slots on the drives (counted every 10 s, this process's puts
+    #                 and evictions in between)
     capacity: int = 0  # slots on the drives
+    direct_ios: int = 0  # page transfers straight between the caller's memory and the disk
+    buffered_ios: int = 0  # ... through the page cache (unaligned page, or no O_DIRECT)
 
 
 _Item = tuple[int, bytes, int, int]  # position in the batch, digest, pointer, size
@@ -169,17 +172,19 @@ class DiskStore:
                 self._warn.warn("sync", "SSD tier %s: fdatasync failed: %r", drive.directory, e)
                 written = [w for w in written if w[1] is not drive]
                 errors += 1
-        stored_bytes = 0
+        stored_bytes = committed = 0
         for i, drive, slot, digest in written:
             if drive.index.commit(slot, digest):
                 out[i] = True
                 stored_bytes += slot.size
+                committed += 1
         with self._lock:
             s = self._stats
             s.written_keys += len(written)
             s.written_bytes += stored_bytes
             s.write_ns += time.perf_counter_ns() - t0 if claims else 0
             s.evictions += evicted
+            s.pages += committed - evicted
             s.write_errors += errors
             s.write_busy += busy
         return out
@@ -264,7 +269,10 @@ class DiskStore:
     def disk_stats(self) -> DiskStats:
         self._count()
         with self._lock:
-            return DiskStats(**{f.name: getattr(self._stats, f.name) for f in fields(DiskStats)})
+            out = DiskStats(**{f.name: getattr(self._stats, f.name) for f in fields(DiskStats)})
+        out.direct_ios = sum(d.direct_ios for d in self.drives)
+        out.buffered_ios = sum(d.buffered_ios for d in self.drives)
+        return out
 
     def _count(self, force: bool = False) -> None:
         """Refresh the committed-page count (a scan of the index: at most every 10 s)."""

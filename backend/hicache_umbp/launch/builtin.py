@@ -43,7 +43,8 @@ from ..contract.builtin import (
 )
 from ..contract.mori_env import DRAM_NUMA_NODE, dram_tier_env, standalone_client_env
 from ..contract.paths import standalone_socket_path
-from ..contract.settings import BY_KEY, LaunchConfig, parse_value
+from ..contract.settings import BY_KEY, LaunchConfig
+from ..contract.values import parse_value
 from .errors import LaunchError
 
 
