@@ -9,7 +9,7 @@ EXAMPLE ?= examples/deepseek-r1-mi355x.yaml
 
 .PHONY: help venv demo test lint test-unit test-mori test-sglang test-pod test-e2e test-chart \
         engine-env pod-node-tools chart-tools router-env bench-router bench-l3 bench-host-pool bench-plan bench-sglang \
-        bench-backends bench-pod bench-rollout bench-reconcile bench-sidecar-slots bench-soak render-chart crd env-doc clean
+        bench-backends bench-ssd bench-pod bench-rollout bench-reconcile bench-sidecar-slots bench-soak render-chart crd env-doc clean
 
 help:
 	@echo "make demo   - plan an example SGLangHiCache CR and show what the operator would create"
@@ -89,6 +89,11 @@ bench-sglang: engine-env
 # Ours vs SGLang's built-in `mori` backend vs its `file` backend, same stack, same pages.
 bench-backends: engine-env
 	$(ENGINE_PY) bench/backends.py
+
+# Our SSD tier vs the volume's own O_DIRECT bandwidth, mori's SSD node and SGLang's file
+# backend, through SGLang's controller, in one run on one directory (BENCH_SSD_DIR, /var/tmp).
+bench-ssd: engine-env
+	$(ENGINE_PY) bench/ssd.py
 
 bench-pod: engine-env pod-node-tools
 	$(ENGINE_PY) bench/pod.py

@@ -143,3 +143,54 @@ def test_standalone_sidecars_keep_pages_across_engine_restarts_not_their_own(
     assert after["exists"] == 0 and after["hits"] == 0
     assert segment_bytes(tmp_path / "ssd") < on_disk
     assert warm_cache_survival("standalone", dram=True, ssd=True).pod_restart.startswith("lost")
+
+
+def hicache_ssd(tmp_path: Path, dram_bytes: int, mode: str = "embedded") -> dict[str, Any]:
+    extra = {"umbp_ssd_enabled": "true", "umbp_ssd_engine": "hicache",
+             "umbp_ssd_dir": f"{tmp_path / 'nvme0'},{tmp_path / 'nvme1'}",
+             "umbp_ssd_bytes": str(256 * MIB), "umbp_tier_queue_bytes": str(16 * PART)}
+    for d in ("nvme0", "nvme1"):
+        (tmp_path / d).mkdir(exist_ok=True)
+    if mode == "standalone":
+        return extra | {"umbp_mode": "standalone", "umbp_socket_dir": str(tmp_path)}
+    return extra | {"umbp_dram_bytes": str(dram_bytes)}
+
+
+@pytest.mark.parametrize("dram_bytes", [0, 8 * MIB], ids=["ssd-only", "dram+ssd"])
+def test_our_ssd_tier_keeps_its_pages_across_engine_restarts(
+    tmp_path: Path, dram_bytes: int
+) -> None:
+    """Our SSD tier on two drive directories, with real mori DRAM in front (or none): the next
+    engine process finds every page and reads it back byte-exact from the SSD."""
+    extra = hicache_ssd(tmp_path, dram_bytes)
+    wrote = engine(extra, "write")
+    assert (wrote["stored"], wrote["flushed"]) == (PAGES, True)
+    read = engine(extra, "read")
+    assert read["exists"] == PAGES and read["hits"] == PAGES and read["exact"] is True
+    if dram_bytes:
+        assert read["ssd_hits"] == 2 * PAGES  # the new engine's DRAM is empty
+    expected = warm_cache_survival("embedded", dram=dram_bytes > 0, ssd=True,
+                                   ssd_engine="hicache")
+    assert "SSD pages kept" in expected.engine_restart
+    assert "SSD pages kept" in expected.pod_restart
+
+
+def test_our_ssd_tier_behind_the_dram_sidecar_survives_the_sidecars_restart(
+    standalone_servers: StandaloneServers, tmp_path: Path
+) -> None:
+    """Standalone: the real DRAM sidecar (8 MiB, most pages evicted) in front of our SSD tier
+    in the engine process. Engine restart: kept. Then the DRAM sidecar restarts too (as in a
+    pod restart) and comes back empty: every page is still served, from our SSD tier."""
+    dram = standalone_servers.start(
+        "dram", standalone_server_env("dram", capacity_bytes=8 * MIB), name="dram")
+    extra = hicache_ssd(tmp_path, 0, mode="standalone")
+    wrote = engine(extra, "write")
+    assert (wrote["stored"], wrote["flushed"]) == (PAGES, True)
+    read = engine(extra, "read")
+    assert read["hits"] == PAGES and read["exact"] is True
+    standalone_servers.restart(dram)
+    after = engine(extra, "read")
+    assert after["exists"] == PAGES and after["hits"] == PAGES and after["exact"] is True
+    assert after["ssd_hits"] == 2 * PAGES
+    survival = warm_cache_survival("standalone", dram=True, ssd=True, ssd_engine="hicache")
+    assert "SSD pages kept" in survival.pod_restart

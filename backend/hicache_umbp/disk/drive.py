@@ -150,10 +150,13 @@ class Drive:
                     f"another store ({seen[1] if seen else 'unknown'}); this one is "
                     f"{identity}: give each deployment its own volume"])
         elif not same:
-            reason = ("new drive" if seen is None and not have.strip(b"\0")
-                      else f"written for {seen[1] if seen else 'an unknown format'}")
-            log.warning("SSD tier %s: re-initialising (%s; now %s): its pages are discarded",
-                        self.directory, reason, identity)
+            if seen is None and not have.strip(b"\0"):
+                reason = "new drive"
+                log.info("SSD tier %s: new drive for %s", self.directory, identity)
+            else:
+                reason = f"written for {seen[1] if seen else 'an unknown format'}"
+                log.warning("SSD tier %s: re-initialising (%s; now %s): its pages are "
+                            "discarded", self.directory, reason, identity)
             os.ftruncate(self._index_fd, 0)
             os.ftruncate(self._index_fd, geo.index_bytes)
             os.pwrite(self._index_fd, want, 0)
