@@ -377,3 +377,28 @@ def test_pages_are_striped_over_several_drives(tmp_path: Path):
         assert all(many.same(i) for i in range(64))
     finally:
         store.close()
+
+
+def test_strict_durability_acknowledges_only_synced_pages(tmp_path: Path, pages: Pages,
+                                                         monkeypatch):
+    """Strict: every acknowledged page was fdatasync'ed (data) and msync'ed (index) first;
+    counted on the real calls (the sync itself is real)."""
+    store = _open(tmp_path, durable=True)
+    calls: list[str] = []
+    real_sync = Drive.sync
+
+    def counted(self):
+        calls.append("sync")
+        return real_sync(self)
+
+    try:
+        monkeypatch.setattr(Drive, "sync", counted)
+        keys = [f"s{i}" for i in range(8)]
+        assert pages.put(store, keys) == [True] * 8
+        assert calls == ["sync"], "one fdatasync + msync per drive and batch"
+        store.close()
+        again = _open(tmp_path, durable=True)
+        assert pages.get(again, keys) == [True] * 8 and all(pages.same(i) for i in range(8))
+        again.close()
+    finally:
+        store.close()

@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ..contract.settings import BY_KEY, ConfigError
 from ..contract.units import fmt_bytes
@@ -46,6 +46,7 @@ from .layout import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -237,7 +238,7 @@ class Drive:
         os.fdatasync(self._data_fd)
         self.index.sync()
 
-    def submit(self, fn: Callable[..., None], *args: Any) -> Future[None]:
+    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         return self._pool.submit(fn, *args)
 
     def close(self) -> None:

@@ -203,6 +203,12 @@ class SlotIndex:
         """msync: the index on disk (strict durability)."""
         self._mm.flush()
 
+    def sync_entry(self, slot: int) -> None:
+        """msync the index page holding one entry: a claim durable before its data is written
+        (strict durability: after a node crash the old page's entry never points at new data)."""
+        page = self._off(slot) & ~(mmap.PAGESIZE - 1)
+        self._mm.flush(page, mmap.PAGESIZE)
+
     def close(self) -> None:
         # A lookup's view still alive in another thread: the map is left to the GC.
         with contextlib.suppress(BufferError):

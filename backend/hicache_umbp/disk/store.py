@@ -125,12 +125,17 @@ class DiskStore:
     def batch_put_from_ptr(
         self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int]
     ) -> list[bool]:
+        """Claim a slot per key and hand its write to the drive's threads at once (claims of
+        later keys overlap the writes of earlier ones); relaxed durability commits each page
+        in its thread as soon as it is on the drive, strict after one fdatasync + msync per
+        drive."""
         n = len(keys)
         if n == 0 or len(ptrs) != n or len(sizes) != n or self._closed:
             return [False] * n
         t0 = time.perf_counter_ns()
         out = [False] * n
-        claims: list[tuple[int, Drive, Slot, bytes, int]] = []
+        pending: list[tuple[int, Drive, Slot, bytes, Future[str | None]]] = []
+        seen: set[bytes] = set()
         evicted = busy = 0
         for i, key in enumerate(keys):
             size = int(sizes[i])
@@ -139,6 +144,9 @@ class DiskStore:
                                 "%d-byte slots", size, self.geometry.slot_bytes)
                 continue
             digest = key_digest(key)
+            if digest in seen:  # mori's rule: a key repeated in one batch fails the 2nd time
+                continue
+            seen.add(digest)
             drive = self._drive_of(digest)
             try:
                 got, ev = drive.index.claim(digest, size)
@@ -152,42 +160,67 @@ class DiskStore:
             else:
                 assert isinstance(got, Slot)
                 evicted += ev
-                claims.append((i, drive, got, digest, int(ptrs[i])))
-        futures = [(c, c[1].submit(c[1].pwrite, c[2], c[4])) for c in claims]
-        errors = 0
-        written: list[tuple[int, Drive, Slot, bytes]] = []
-        for (i, drive, slot, digest, _ptr), fut in futures:
-            err = _error_of(fut)
-            if err is None:
-                written.append((i, drive, slot, digest))
-            else:
+                pending.append((i, drive, got, digest,
+                                drive.submit(self._write_one, drive, got, digest,
+                                             int(ptrs[i]))))
+        errors = committed = stored_bytes = 0
+        to_commit: dict[Drive, list[tuple[int, Slot, bytes]]] = {}
+        for i, drive, slot, digest, fut in pending:
+            err = _result_of(fut)
+            if err == "committed":
+                out[i] = True
+                committed += 1
+                stored_bytes += slot.size
+            elif err == "written":
+                to_commit.setdefault(drive, []).append((i, slot, digest))
+            elif err is not None:
                 errors += 1
-                drive.index.release(slot)
                 self._warn.warn("write", "SSD tier %s: a page write failed (%s); the page is "
                                 "not stored", drive.directory, err)
-        for drive in {d for _i, d, _s, _g in written if d.durable}:
+        for drive, items in to_commit.items():  # strict durability
             try:
                 drive.sync()
             except OSError as e:
                 self._warn.warn("sync", "SSD tier %s: fdatasync failed: %r", drive.directory, e)
-                written = [w for w in written if w[1] is not drive]
-                errors += 1
-        stored_bytes = committed = 0
-        for i, drive, slot, digest in written:
-            if drive.index.commit(slot, digest):
-                out[i] = True
-                stored_bytes += slot.size
-                committed += 1
+                for _i, slot, _d in items:
+                    drive.index.release(slot)
+                errors += len(items)
+                continue
+            for i, slot, digest in items:
+                if drive.index.commit(slot, digest):
+                    out[i] = True
+                    committed += 1
+                    stored_bytes += slot.size
+            try:
+                drive.index.sync()
+            except OSError as e:
+                self._warn.warn("sync", "SSD tier %s: msync failed: %r", drive.directory, e)
         with self._lock:
             s = self._stats
-            s.written_keys += len(written)
+            s.written_keys += committed
             s.written_bytes += stored_bytes
-            s.write_ns += time.perf_counter_ns() - t0 if claims else 0
+            s.write_ns += time.perf_counter_ns() - t0 if pending else 0
             s.evictions += evicted
             s.pages += committed - evicted
             s.write_errors += errors
             s.write_busy += busy
         return out
+
+    @staticmethod
+    def _write_one(drive: Drive, slot: Slot, digest: bytes, ptr: int) -> str | None:
+        """In a drive thread: "committed" (relaxed), "written" (strict: the caller commits after
+        syncing), None when the slot changed hands meanwhile, else why the write failed (the
+        slot is freed again)."""
+        try:
+            if drive.durable:
+                drive.index.sync_entry(slot.slot)
+            drive.pwrite(slot, ptr)
+        except Exception as e:
+            drive.index.release(slot)
+            return os.strerror(e.errno) if isinstance(e, OSError) and e.errno else repr(e)
+        if drive.durable:
+            return "written"
+        return "committed" if drive.index.commit(slot, digest) else None
 
     def batch_get_into_ptr(
         self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int]
@@ -298,6 +331,13 @@ class DiskStore:
 
     def _drive_of(self, digest: bytes) -> Drive:
         return self.drives[int.from_bytes(digest[:8], "little") % len(self.drives)]
+
+
+def _result_of(fut: Future[str | None]) -> str | None:
+    try:
+        return fut.result()
+    except Exception as e:  # never into the caller
+        return repr(e)
 
 
 def _error_of(fut: Future[Any]) -> str | None:
