@@ -27,7 +27,6 @@ per-shape numbers.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import mmap
