@@ -402,3 +402,29 @@ def test_strict_durability_acknowledges_only_synced_pages(tmp_path: Path, pages:
         again.close()
     finally:
         store.close()
+
+
+def test_dram_hits_keep_their_ssd_copies_warm(tmp_path: Path, pages: Pages):
+    """DRAM (the in-process double, faked) in front of our SSD tier (real): pages DRAM serves
+    are touched on the SSD too, so when the SSD evicts, it evicts what nobody read, not the
+    hot pages DRAM happens to hold (an inclusive cache's classic mistake)."""
+    from hicache_umbp.store.tiers import TieredClient
+    from support.memory_client import MemoryUMBPClient
+
+    disk = _open(tmp_path, capacity=16 * VALUE, io_threads=1)
+    tiers = TieredClient(MemoryUMBPClient(64 * VALUE), disk, write_policy="write_through")
+    try:
+        hot, cold, new = ([f"{n}{i}" for i in range(8)] for n in ("hot", "cold", "new"))
+        for batch in (hot, cold):
+            assert tiers.batch_put_from_ptr(batch, [pages.src(i) for i in range(8)],
+                                            [VALUE] * 8) == [True] * 8
+        got = tiers.batch_get_into_ptr(hot, [pages.dst(i) for i in range(8)], [VALUE] * 8)
+        assert got == [True] * 8 and tiers.tier_stats().dram_hits == 8
+        disk.drives[0].submit(lambda: None).result()  # the touches ran (one I/O thread)
+        assert disk.batch_put_from_ptr(new, [pages.src(i) for i in range(8)],
+                                       [VALUE] * 8) == [True] * 8
+        assert disk.batch_exists(hot) == [True] * 8, "the SSD evicted the pages DRAM serves"
+        assert disk.batch_exists(cold) == [False] * 8
+    finally:
+        tiers.close()
+        disk.close()

@@ -18,6 +18,7 @@ Nothing here raises into the caller on the data path: errors become ``False`` en
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -275,6 +276,21 @@ class DiskStore:
             if self._drive_of(digest).index.find(digest) is None:
                 return i
         return len(keys)
+
+    def touch_later(self, keys: Sequence[str]) -> None:
+        """Mark ``keys`` used now, in a drive thread (never waits): a tier in front that served
+        them keeps their SSD copies from looking cold, so the SSD's LRU follows real use."""
+        if keys and not self._closed:
+            with contextlib.suppress(RuntimeError):  # the pool is shutting down
+                self.drives[0].submit(self._touch, list(keys))
+
+    def _touch(self, keys: list[str]) -> None:
+        for key in keys:
+            digest = key_digest(key)
+            index = self._drive_of(digest).index
+            found = index.find(digest)
+            if found is not None:
+                index.touch(found.slot)
 
     def register_memory(self, ptr: int, size: int) -> bool:
         return True  # reads and writes go straight to the caller's pointers

@@ -244,6 +244,9 @@ class TieredClient:
         in_dram_part = [any(got[p * ppp : (p + 1) * ppp]) for p in range(n // ppp)]
         found = [dram_pages[i // ppp] for i in range(n)]
         miss = [i for i in range(n) if not found[i]]  # every part of a page DRAM lacks
+        touch = getattr(self.ssd, "touch_later", None)
+        if touch is not None and len(miss) < n:  # our SSD tier: its LRU sees DRAM's hits too
+            touch([keys[i] for i in range(n) if found[i]])
         ring_hits = ssd_hits = 0
         side = [False] * n
         if miss and self._ring is not None:
