@@ -22,6 +22,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,9 @@ from hicache_operator.api.config import OperatorConfig
 from hicache_operator.plan import plan
 from hicache_operator.planner.trace_model import (
     MEASURED_BANDWIDTH,
+    TIERS,
     Policy,
-    RouterConfig,
+    TierTokens,
     estimate,
     footprint_tokens,
     load_trace,
@@ -90,8 +92,7 @@ def router_pressure(trace: Any, p: Any, model: Any, pods_list: list[int]) -> dic
                        prefill_tokens_per_s=PREFILL)
             row[policy] = _r(r.hit_ratio)
             row[f"{policy}_busiest_pod_share"] = _r(max(r.requests_per_pod) / r.requests)
-        pooled = cap.__class__(*(pods * cap.get(t) for t in ("device", "host", "l3_dram",
-                                                             "l3_ssd")))
+        pooled = TierTokens(*(pods * cap.get(t) for t in TIERS))
         row["bound"] = _r(replay(trace, pooled, model.policy).hit_ratio)
         row["router_vs_round_robin_hit"] = _r(row["cache_aware"] / row["round_robin"], 3)
         row["router_vs_bound"] = _r(row["cache_aware"] / row["bound"], 3)
@@ -115,7 +116,7 @@ def served_slice(trace: Any) -> dict[str, Any]:
           f"served_vs_model_<tier>: not measured here (pod tier)", flush=True)
     return {"requests": SLICE_REQUESTS, "block_tokens": SLICE_BLOCK, "page_size": SLICE_PAGE,
             "prompt_tokens": sliced.prompt_tokens, "working_set": footprint_tokens(sliced),
-            "capacity": vars(cap), "predicted_hit_tokens": pred.hit_tokens,
+            "capacity": asdict(cap), "predicted_hit_tokens": pred.hit_tokens,
             "predicted_evicted_tokens": pred.evicted_tokens,
             "predicted_hit_ratio": _r(pred.result.hit_ratio)}
 
@@ -140,7 +141,7 @@ def main() -> int:
     print(f"deepseek-r1 per pod: {model.capacity}, {model.policy}", flush=True)
     result = {
         "trace": trace.name, "theoretical_hit": _r(ceiling),
-        "deepseek_r1": {"capacity": vars(model.capacity), **projection(trace, model)},
+        "deepseek_r1": {"capacity": asdict(model.capacity), **projection(trace, model)},
         "router_under_pressure": router_pressure(trace, p, model, pods_list),
         "served_slice": served_slice(trace),
         "served_vs_model": None,  # the pod-tier check, not part of this model-only run
