@@ -196,5 +196,5 @@ def test_a_plans_tiers_come_from_the_planners_sizing() -> None:
                                   prefetch_threshold=256, promote_on_hit=True)
     rc = router_config(p.spec, p.router, 2)
     assert rc.policy == "cache_aware" and rc.cache_threshold == 0.3
-    assert rc.tree_tokens == p.router.sizing.tree_chars // 4 // 2
+    assert rc.tree_tokens == p.router.sizing.tree_chars // 4  # per pod, as smg evicts
     assert router_config(p.spec, None, 2).policy == "round_robin"

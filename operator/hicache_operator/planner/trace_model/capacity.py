@@ -81,9 +81,9 @@ def router_config(spec: SGLangHiCacheSpec, router: RouterPlan | None, pods: int,
     planned = next((p for p in ROUTER_POLICIES if p == r.policy), None) if router else None
     # No router: the Service spreads requests, as round-robin does on average.
     chosen: RouterPolicy = policy or planned or "round_robin"
-    tree = None
-    if router is not None:
-        tree = router.sizing.tree_chars // r.tree.chars_per_token // max(pods, 1)
+    # smg evicts each pod's part of its tree to --max-tree-size (evict_tenant_by_size), so
+    # every pod may keep that many characters of prompts.
+    tree = router.sizing.tree_chars // r.tree.chars_per_token if router is not None else None
     return RouterConfig(policy=chosen, cache_threshold=r.cache_threshold,
                         balance_abs_threshold=r.balance_abs_threshold,
                         balance_rel_threshold=r.balance_rel_threshold, tree_tokens=tree)

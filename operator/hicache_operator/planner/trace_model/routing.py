@@ -5,8 +5,9 @@
   pod whose tree shares the longest prefix if that prefix is more than ``cache_threshold`` of the
   request, else to the pod with the smallest tree; when the in-flight counts are unbalanced
   (``max - min > balance_abs_threshold`` and ``max > balance_rel_threshold * min``) to the least
-  loaded pod. The tree is modelled in blocks (``tree_tokens`` per pod, the planner's
-  ``--max-tree-size`` over ``charsPerToken`` and the pods).
+  loaded pod. The tree is modelled in blocks, ``tree_tokens`` per pod: the planner's
+  ``--max-tree-size`` over ``charsPerToken`` (smg evicts each pod's part of the tree to that
+  size, ``evict_tenant_by_size``).
 * ``round_robin``: request ``i`` to pod ``i mod N``.
 * ``prefix_hash``: a hash of the prompt's first ``prefix_token_count`` tokens (smg's default
   256, within the first block of either trace format) picks the pod.
