@@ -132,3 +132,15 @@ def test_module_entry_reports_a_bad_trace_without_a_traceback(tmp_path: Path) ->
     assert run.returncode == 2
     assert "Traceback" not in run.stderr
     assert f"{bad}:1: 2 hash_ids for input_length 10" in run.stderr
+
+
+def test_plan_trace_prefetch_threshold_reaches_the_model(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = str(_ours(tmp_path / "chat.jsonl"))
+    assert main(["plan", "-f", DEEPSEEK, "--trace", trace, "--no-curve",
+                 "--prefetch-threshold", "4096"]) == 0
+    assert "prefetch threshold 4096 tokens" in capsys.readouterr().out
+    # never below one page: SGLang raises it to the page size
+    assert main(["plan", "-f", DEEPSEEK, "--trace", trace, "--no-curve",
+                 "--prefetch-threshold", "1"]) == 0
+    assert "prefetch threshold 64 tokens" in capsys.readouterr().out
