@@ -68,6 +68,18 @@ def test_write_through_fills_host_and_l3_at_once() -> None:
     assert set(cache.host.entries) == set(cache.l3_ssd.entries) == {1, 2}
 
 
+def test_write_through_selective_writes_a_page_on_its_second_use_on_the_device() -> None:
+    cache = PodCache(TierTokens(8, 100, 100, 0), Policy(
+        page_size=1, prefetch_threshold=0, write_policy="write_through_selective"))
+    _serve(cache, [1, 2])
+    assert not cache.host.entries
+    _serve(cache, [1, 3])
+    assert set(cache.host.entries) == set(cache.l3_dram.entries) == {1}
+    _serve(cache, [4, 5])  # 2 and 3 leave the device after one use each: gone
+    _serve(cache, [6, 7])
+    assert _serve(cache, [1, 2, 9]) == (0, 4, 0, 0)
+
+
 def test_an_l3_hit_is_promoted_to_host_and_device_and_ssd_hits_into_dram() -> None:
     cache = PodCache(TierTokens(8, 16, 16, 100), FREE)
     for chain in ([1, 2], [3, 4], [5, 6], [7, 8]):

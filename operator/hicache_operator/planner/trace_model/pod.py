@@ -16,9 +16,12 @@ What SGLang and the store do, and how the replay follows it:
   copied into DRAM when ``promoteOnHit`` (the store's rule).
 * **Write policy.** ``write_back``: a page reaches the host pool when the device evicts it, and
   L3 right after its host write (SGLang backs up to storage when a host write completes).
-  ``write_through`` (and ``_selective``, modelled the same): every new page is written to host
-  and L3 at once. L3 is DRAM in front of SSD, and the store puts every page into both (the
-  write-back ring drains DRAM's pages to SSD), so SSD holds what DRAM holds.
+  ``write_through``: a page is written to host and L3 on its first use;
+  ``write_through_selective``: on its second use while on the device (SGLang's
+  ``write_through_threshold`` 1 and 2; the count lives on the radix node, so it is lost when
+  the device evicts the page, and a page evicted before its threshold is gone). L3 is DRAM in
+  front of SSD, and the store puts every page into both (the write-back ring drains DRAM's pages
+  to SSD), so SSD holds what DRAM holds.
 * **Eviction.** Every tier is an LRU of blocks within its capacity. A request's blocks are
   refreshed deepest first, so within a chain the root is the most recent: a chain loses its
   leaves before its root, as SGLang's leaf-first eviction does. A host copy of a page still on
@@ -36,7 +39,7 @@ from .tiers import LruTier, Policy, TierTokens
 
 class PodCache:
     __slots__ = ("device", "host", "l3_dram", "l3_ssd", "page", "policy", "threshold",
-                 "write_through")
+                 "uses", "write_through")
 
     def __init__(self, capacity: TierTokens, policy: Policy) -> None:
         self.device = LruTier(capacity.device)
@@ -46,7 +49,10 @@ class PodCache:
         self.policy = policy
         self.page = policy.page_size
         self.threshold = policy.prefetch_threshold
-        self.write_through = policy.write_policy != "write_back"
+        # write_through(_selective): uses a page needs on the device before its host write
+        self.write_through = {"write_back": 0, "write_through": 1,
+                              "write_through_selective": 2}[policy.write_policy]
+        self.uses: dict[int, int] = {}
 
     def serve(self, blocks: tuple[int, ...], sizes: list[int],
               input_length: int) -> tuple[int, int, int, int]:
@@ -102,13 +108,19 @@ class PodCache:
                 dram.touch(key)
             host.add(key, sizes[k], None)
         if self.write_through:
-            for k in range(j, len(blocks)):
-                self._backup(blocks[k], sizes[k])
+            uses, needed = self.uses, self.write_through
+            for k, key in enumerate(blocks):
+                count = uses[key] = uses.get(key, 0) + 1
+                if count >= needed and key not in host.entries:
+                    self._backup(key, sizes[k])
         evicted: list[tuple[int, int]] = []
         device = self.device
         for k in range(len(blocks) - 1, -1, -1):  # deepest first: the root ends most recent
             device.add(blocks[k], sizes[k], evicted)
-        if not self.write_through:
+        if self.write_through:
+            for key, _ in evicted:
+                self.uses.pop(key, None)
+        else:
             for key, size in evicted:
                 if key not in host.entries:
                     self._backup(key, size)
