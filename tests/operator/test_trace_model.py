@@ -49,6 +49,10 @@ def test_hits_are_whole_pages_and_keep_the_last_token() -> None:
     _serve(cache, [1, 2, 3])
     assert _serve(cache, [1, 2, 7])[0] == 6  # 8 tokens matched, 2 pages of 3
     assert _serve(cache, [1, 2, 3])[0] == 9  # 12 tokens, at most 11 reusable: 3 pages
+    wide = PodCache(TierTokens(100, 0, 0, 0), Policy(page_size=8, prefetch_threshold=0))
+    _serve(wide, [1, 2, 3])
+    assert _serve(wide, [1, 2, 7])[0] == 8  # a page spans two blocks: both must match
+    assert _serve(wide, [1, 7])[0] == 0
 
 
 def test_write_back_fills_host_and_l3_only_when_the_device_evicts() -> None:
