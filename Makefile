@@ -9,7 +9,7 @@ EXAMPLE ?= examples/deepseek-r1-mi355x.yaml
 
 .PHONY: help venv demo test lint test-unit test-mori test-sglang test-pod test-e2e test-chart \
         engine-env pod-node-tools chart-tools router-env bench-router bench-l3 bench-host-pool bench-plan bench-sglang \
-        bench-backends bench-ssd bench-pod bench-rollout bench-reconcile bench-sidecar-slots bench-soak render-chart crd env-doc clean
+        bench-backends bench-ssd bench-pod bench-rollout bench-reconcile bench-sidecar-slots bench-soak bench-trace render-chart crd env-doc clean
 
 help:
 	@echo "make demo   - plan an example SGLangHiCache CR and show what the operator would create"
@@ -82,6 +82,10 @@ bench-host-pool: engine-env
 
 bench-plan: venv
 	$(PY) bench/plan.py
+
+# The trace model on Mooncake's conversation trace (model-only phases; docs/capacity-planning.md).
+bench-trace: venv
+	$(PY) bench/trace.py
 
 bench-sglang: engine-env
 	$(ENGINE_PY) bench/sglang_backend.py

@@ -1,5 +1,5 @@
-"""Command line: ``plan`` (what the operator would create), ``crd``, ``api-docs``, and
-``config-schema``.
+"""Command line: ``plan`` (what the operator would create; with ``--trace``, what its cache
+would hit on a trace), ``crd``, ``api-docs``, and ``config-schema``.
 
 Other modules add subcommands (the kopf ``run`` entry) without editing this file: every module
 named in :data:`EXTENSIONS` that exists is imported and its ``register(subparsers)`` called.
@@ -22,6 +22,16 @@ from .api.config import NodeFacts, OperatorConfig, OperatorConfigError, dump_sch
 from .api.crd import crd_yaml
 from .api.docs import render_api_doc
 from .plan import SpecError, plan, render_summary
+from .plan.trace_summary import TraceOptions, render_trace_report, run_trace_model
+from .planner.trace_model import (
+    BUILTIN_TRACES,
+    MEASURED_BANDWIDTH,
+    ROUTER_POLICIES,
+    NoGeometry,
+    TraceError,
+    load_trace,
+)
+from .planner.trace_model.tiers import SGLANG_PREFETCH_THRESHOLD
 
 EXTENSIONS = ("hicache_operator.run_cli",)
 
@@ -59,6 +69,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if not docs:
         print(f"error: {args.file} holds no CR", file=sys.stderr)
         return 2
+    if args.trace:
+        try:
+            trace = load_trace(args.trace)
+            opts = _trace_options(args)
+        except (TraceError, ValueError) as e:
+            print(f"error: --trace: {e}", file=sys.stderr)
+            return 2
     rc = 0
     for doc in docs:
         name = (doc.get("metadata") or {}).get("name", "?") if isinstance(doc, dict) else "?"
@@ -73,6 +90,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                 print(f"  {path}: {message}", file=sys.stderr)
             rc = 1
             continue
+        if args.trace:
+            try:
+                sys.stdout.write(render_trace_report(p, trace, run_trace_model(p, trace, opts)))
+            except NoGeometry as e:
+                print(f"error: SGLangHiCache {name}: --trace: {e}", file=sys.stderr)
+                rc = 2
+            continue
         if args.output == "yaml":
             sys.stdout.write(p.manifests_yaml())
         elif args.output == "json":
@@ -82,6 +106,49 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         else:
             sys.stdout.write(render_summary(p))
     return rc
+
+
+def _trace_options(args: argparse.Namespace) -> TraceOptions:
+    bandwidth: dict[str, float] = {}
+    for item in args.bandwidth or ():
+        tier, _, value = item.partition("=")
+        if tier not in MEASURED_BANDWIDTH or not value:
+            raise ValueError(f"--bandwidth {item!r}: expected TIER=GBPS with TIER one of "
+                             f"{', '.join(MEASURED_BANDWIDTH)}")
+        gbps = float(value)
+        if gbps <= 0:
+            raise ValueError(f"--bandwidth {item!r}: GB/s must be > 0")
+        bandwidth[tier] = gbps
+    return TraceOptions(pods=args.pods, router=args.router,
+                        prefill_tokens_per_s=args.prefill_tokens_per_s,
+                        prefetch_threshold=args.prefetch_threshold, bandwidth=bandwidth,
+                        with_curve=not args.no_curve)
+
+
+def _positive(kind: type[int] | type[float]) -> Any:
+    def parse(text: str) -> int | float:
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+    return parse
+
+
+def _add_trace_args(p: argparse.ArgumentParser) -> None:
+    t = p.add_argument_group("trace model (docs/capacity-planning.md)")
+    t.add_argument("--trace", help="replay a trace through the CR's tiers: a JSONL file "
+                   f"(Mooncake or hicache-trace format) or {' | '.join(BUILTIN_TRACES)}")
+    t.add_argument("--pods", type=_positive(int), help="pods behind the router "
+                   "(default spec.replicas)")
+    t.add_argument("--router", choices=ROUTER_POLICIES,
+                   help="routing policy (default the CR's router, else round_robin)")
+    t.add_argument("--prefill-tokens-per-s", type=_positive(float),
+                   help="one pod's prefill throughput (default 52,300: LMSYS's DeepSeek-R1)")
+    t.add_argument("--prefetch-threshold", type=int, default=SGLANG_PREFETCH_THRESHOLD,
+                   help="SGLang's storage prefetch threshold in tokens (default %(default)s)")
+    t.add_argument("--bandwidth", action="append", metavar="TIER=GBPS",
+                   help="a tier's read bandwidth (host, l3_dram, l3_ssd); repeatable")
+    t.add_argument("--no-curve", action="store_true", help="skip the 0.5x/2x/4x curve")
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:
@@ -113,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
         "$SGLANG_HICACHE_OPERATOR_CONFIG, else built-in defaults)",
     )
     p.add_argument("-o", "--output", choices=("summary", "yaml", "json"), default="summary")
+    _add_trace_args(p)
     p.set_defaults(func=_cmd_plan)
     c = sub.add_parser("crd", help="print the generated CustomResourceDefinition")
     c.add_argument("-o", "--output", help="write to this file instead of stdout")

@@ -78,3 +78,15 @@ def compare_kv_pools(spec: SGLangHiCacheSpec, model: GpuModel) -> KvPools | None
     rendered = parse_bytes(host, field="hostPoolPerRank") // GB * GB
     fitting = -(-(-(-device // GB) * GB) // GIB)
     return KvPools(device, rendered, f, rendered >= device, fitting)
+
+
+def device_tokens(pools: KvPools, token_bytes: int, groups: int) -> int:
+    """Tokens the GPUs' KV pools of one pod hold: ``T_d = G * floor(D / b)``.
+
+    ``D`` the device KV pool per rank (:func:`compare_kv_pools`), ``b`` one token's bytes in one
+    rank's pool (``page_bytes / pageSize``, as :func:`.router_sizing.pod_tokens` uses), ``G``
+    the data-parallel groups (every rank of a group holds the same tokens). DeepSeek-R1 on
+    MI355X (``examples/deepseek-r1-mi355x.yaml``): ``D = 288 GiB x 0.85 - 642 GiB / 8``,
+    ``b = 70,272`` B, ``G = 1``: ``T_d = 2,514,290`` tokens.
+    """
+    return groups * (pools.device_per_rank // token_bytes)

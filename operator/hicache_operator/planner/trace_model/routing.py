@@ -1,0 +1,110 @@
+"""Which pod a request goes to: smg 1.13.0's policies as the replay sees them.
+
+* ``cache_aware``: smg keeps its own approximate prefix tree per pod (the request text it sent
+  there, LRU-evicted to ``--max-tree-size``). When loads are balanced it sends a request to the
+  pod whose tree shares the longest prefix if that prefix is more than ``cache_threshold`` of the
+  request, else to the pod with the smallest tree; when the in-flight counts are unbalanced
+  (``max - min > balance_abs_threshold`` and ``max > balance_rel_threshold * min``) to the least
+  loaded pod. The tree is modelled in blocks, ``tree_tokens`` per pod: the planner's
+  ``--max-tree-size`` over ``charsPerToken`` (smg evicts each pod's part of the tree to that
+  size, ``evict_tenant_by_size``).
+* ``round_robin``: request ``i`` to pod ``i mod N``.
+* ``prefix_hash``: a hash of the prompt's first ``prefix_token_count`` tokens (smg's default
+  256, within the first block of either trace format) picks the pod.
+
+A request is in flight from its arrival for its estimated service time (uncached prompt tokens
+at the prefill rate, then ``output_length`` at ``decode_tokens_per_s``); that is all the load
+the balance check sees.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Literal
+
+from .tiers import LruTier
+
+RouterPolicy = Literal["cache_aware", "round_robin", "prefix_hash"]
+ROUTER_POLICIES: tuple[RouterPolicy, ...] = ("cache_aware", "round_robin", "prefix_hash")
+_MASK = (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    policy: RouterPolicy = "cache_aware"
+    cache_threshold: float = 0.3  # spec.router.cacheThreshold default (smg --cache-threshold)
+    balance_abs_threshold: int = 64
+    balance_rel_threshold: float = 1.5
+    tree_tokens: int | None = None  # per pod; None: unbounded
+    decode_tokens_per_s: float = 30.0  # one request's output rate, for the in-flight count
+
+
+def _mix(key: int) -> int:
+    """splitmix64: a fixed hash (Python's hash() of ints is the identity)."""
+    z = (key + 0x9E3779B97F4A7C15) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+class Router:
+    def __init__(self, config: RouterConfig, pods: int) -> None:
+        self.config = config
+        self.pods = pods
+        self.count = 0
+        cap = config.tree_tokens if config.tree_tokens is not None else 1 << 62
+        self.trees = [LruTier(cap) for _ in range(pods)]
+        self.in_flight = [0] * pods
+        self._ends: list[tuple[float, int]] = []
+
+    def route(self, blocks: tuple[int, ...], sizes: list[int], input_length: int,
+              now_s: float) -> int:
+        self.count += 1
+        if self.pods == 1:
+            return 0
+        policy = self.config.policy
+        if policy == "round_robin":
+            return (self.count - 1) % self.pods
+        if policy == "prefix_hash":
+            return _mix(blocks[0]) % self.pods
+        return self._cache_aware(blocks, sizes, input_length, now_s)
+
+    def _cache_aware(self, blocks: tuple[int, ...], sizes: list[int], input_length: int,
+                     now_s: float) -> int:
+        c = self.config
+        ends, flight = self._ends, self.in_flight
+        while ends and ends[0][0] <= now_s:
+            flight[heapq.heappop(ends)[1]] -= 1
+        lo, hi = min(flight), max(flight)
+        if hi - lo > c.balance_abs_threshold and hi > c.balance_rel_threshold * lo:
+            pod = flight.index(lo)
+        else:
+            best, best_tokens = 0, -1
+            for p, tree in enumerate(self.trees):
+                entries, matched = tree.entries, 0
+                for k, key in enumerate(blocks):
+                    if key not in entries:
+                        break
+                    matched += sizes[k]
+                if matched > best_tokens:
+                    best, best_tokens = p, matched
+            if best_tokens / input_length > c.cache_threshold:
+                pod = best
+            else:
+                used = [t.used for t in self.trees]
+                pod = used.index(min(used))
+        tree = self.trees[pod]
+        for k in range(len(blocks) - 1, -1, -1):
+            tree.add(blocks[k], sizes[k], None)
+        return pod
+
+    def finished(self, pod: int, start_s: float, computed_tokens: int, output_length: int,
+                 prefill_tokens_per_s: float) -> None:
+        """Record a routed request's estimated end (only the balance check reads it)."""
+        if self.config.policy != "cache_aware" or self.pods == 1:
+            return
+        end = (start_s + computed_tokens / prefill_tokens_per_s
+               + output_length / self.config.decode_tokens_per_s)
+        self.in_flight[pod] += 1
+        heapq.heappush(self._ends, (end, pod))

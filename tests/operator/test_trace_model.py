@@ -1,0 +1,216 @@
+"""The trace model's policies on small hand-made traces: prefix matching, pages, the prefetch
+threshold, the write policies, promotion, leaf-first eviction, routing, estimates."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from hicache_operator.planner.trace_model import (
+    Policy,
+    RouterConfig,
+    TierTokens,
+    Trace,
+    estimate,
+    replay,
+    theoretical_hit,
+    verdicts,
+)
+from hicache_operator.planner.trace_model.estimate import tier_rates
+from hicache_operator.planner.trace_model.pod import PodCache
+from hicache_operator.planner.trace_model.trace import Request
+
+pytestmark = pytest.mark.unit
+B = 4  # tokens per block in these traces
+FREE = Policy(page_size=1, prefetch_threshold=0)
+
+
+def _trace(chains: Sequence[Sequence[int]], *, gap_ms: int = 1000) -> Trace:
+    return Trace("t", B, tuple(Request(i * gap_ms, B * len(c), 1, tuple(c))
+                               for i, c in enumerate(chains)))
+
+
+def _serve(cache: PodCache, chain: Sequence[int], length: int | None = None) -> tuple[int, ...]:
+    length = B * len(chain) if length is None else length
+    sizes = [B] * len(chain)
+    sizes[-1] = length - B * (len(chain) - 1)
+    return cache.serve(tuple(chain), sizes, length)
+
+
+def test_a_request_hits_the_longest_cached_prefix_only() -> None:
+    cache = PodCache(TierTokens(100, 0, 0, 0), FREE)
+    _serve(cache, [1, 2, 3])
+    assert _serve(cache, [1, 2, 9, 3]) == (8, 0, 0, 0)  # block 3 after a miss is no hit
+    assert _serve(cache, [5, 2]) == (0, 0, 0, 0)
+
+
+def test_hits_are_whole_pages_and_keep_the_last_token() -> None:
+    cache = PodCache(TierTokens(100, 0, 0, 0), Policy(page_size=3, prefetch_threshold=0))
+    _serve(cache, [1, 2, 3])
+    assert _serve(cache, [1, 2, 7])[0] == 6  # 8 tokens matched, 2 pages of 3
+    assert _serve(cache, [1, 2, 3])[0] == 9  # 12 tokens, at most 11 reusable: 3 pages
+    wide = PodCache(TierTokens(100, 0, 0, 0), Policy(page_size=8, prefetch_threshold=0))
+    _serve(wide, [1, 2, 3])
+    assert _serve(wide, [1, 2, 7])[0] == 8  # a page spans two blocks: both must match
+    assert _serve(wide, [1, 7])[0] == 0
+
+
+def test_write_back_fills_host_and_l3_only_when_the_device_evicts() -> None:
+    cache = PodCache(TierTokens(8, 100, 100, 100), FREE)
+    _serve(cache, [1, 2])
+    assert not cache.host.entries and not cache.l3_dram.entries
+    _serve(cache, [3, 4])  # pushes 1, 2 out of the device
+    assert set(cache.host.entries) == {1, 2}
+    assert set(cache.l3_dram.entries) == set(cache.l3_ssd.entries) == {1, 2}
+    assert _serve(cache, [1, 2, 5]) == (0, 8, 0, 0)
+
+
+def test_write_through_fills_host_and_l3_at_once() -> None:
+    cache = PodCache(TierTokens(8, 100, 100, 100), Policy(page_size=1, prefetch_threshold=0,
+                                                          write_policy="write_through"))
+    _serve(cache, [1, 2])
+    assert set(cache.host.entries) == set(cache.l3_ssd.entries) == {1, 2}
+
+
+def test_write_through_selective_writes_a_page_on_its_second_use_on_the_device() -> None:
+    cache = PodCache(TierTokens(8, 100, 100, 0), Policy(
+        page_size=1, prefetch_threshold=0, write_policy="write_through_selective"))
+    _serve(cache, [1, 2])
+    assert not cache.host.entries
+    _serve(cache, [1, 3])
+    assert set(cache.host.entries) == set(cache.l3_dram.entries) == {1}
+    _serve(cache, [4, 5])  # 2 and 3 leave the device after one use each: gone
+    _serve(cache, [6, 7])
+    assert _serve(cache, [1, 2, 9]) == (0, 4, 0, 0)
+
+
+def test_an_l3_hit_is_promoted_to_host_and_device_and_ssd_hits_into_dram() -> None:
+    cache = PodCache(TierTokens(8, 16, 16, 100), FREE)
+    for chain in ([1, 2], [3, 4], [5, 6], [7, 8]):
+        _serve(cache, chain)
+    assert 1 not in cache.l3_dram.entries and 1 in cache.l3_ssd.entries
+    assert _serve(cache, [1, 2]) == (0, 0, 0, 7)  # a whole-prompt hit keeps its last token
+    assert {1, 2} <= set(cache.l3_dram.entries) and {1, 2} <= set(cache.host.entries)
+    assert _serve(cache, [1, 2]) == (7, 0, 0, 0)
+
+
+def test_promote_on_hit_off_leaves_dram_alone() -> None:
+    cache = PodCache(TierTokens(8, 8, 8, 100), Policy(page_size=1, prefetch_threshold=0,
+                                                      promote_on_hit=False))
+    for chain in ([1, 2], [3, 4], [5, 6], [7, 8], [1, 2]):
+        _serve(cache, chain)
+    assert 1 not in cache.l3_dram.entries
+
+
+def test_the_prefetch_threshold_recomputes_small_l3_hits() -> None:
+    def l3_hit(threshold: int) -> int:
+        cache = PodCache(TierTokens(4, 4, 100, 0), Policy(page_size=1,
+                                                           prefetch_threshold=threshold))
+        for chain in ([1, 2], [3], [4], [5]):
+            _serve(cache, chain)
+        return _serve(cache, [1, 2, 6])[2]
+
+    assert l3_hit(8) == 8
+    assert l3_hit(9) == 0
+
+
+def test_eviction_takes_a_chains_leaves_before_its_root() -> None:
+    cache = PodCache(TierTokens(12, 0, 0, 0), FREE)
+    _serve(cache, [1, 2, 3])
+    _serve(cache, [9])  # one block over: the leaf 3 goes, not the root 1
+    assert list(cache.device.entries) == [2, 1, 9]
+    assert _serve(cache, [1, 2, 3])[0] == 8
+
+
+def test_theoretical_hit_counts_every_block_seen_before() -> None:
+    trace = _trace([[1, 2], [1, 2, 3], [4]])
+    # the second request reuses [1, 2] (8 of its 12 tokens); nothing else repeats
+    assert theoretical_hit(trace) == pytest.approx(8 / 24)
+
+
+def _sessions(sessions: int, turns: int, blocks_per_turn: int) -> Trace:
+    """Multi-turn sessions interleaved round by round: each turn extends its session's chain."""
+    chains: list[list[int]] = []
+    history = {s: [s * 10_000] for s in range(sessions)}
+    for turn in range(turns):
+        for s in range(sessions):
+            history[s] = history[s] + [s * 10_000 + turn * 100 + k + 1
+                                       for k in range(blocks_per_turn)]
+            chains.append(list(history[s]))
+    return _trace(chains)
+
+
+def test_round_robin_spreads_and_prefix_hash_sticks_to_the_first_block() -> None:
+    trace = _sessions(6, 3, 1)
+    rr = replay(trace, TierTokens(1000, 0, 0, 0), FREE, pods=3,
+                router=RouterConfig(policy="round_robin"))
+    assert rr.requests_per_pod == (6, 6, 6)
+    ph = replay(trace, TierTokens(1000, 0, 0, 0), FREE, pods=3,
+                router=RouterConfig(policy="prefix_hash"))
+    # each session stays on one pod, so it hits all of its history
+    assert ph.hit_tokens["device"] == sum(B * (1 + t) for t in range(1, 3)) * 6
+
+
+def test_cache_aware_keeps_sessions_and_beats_round_robin_under_pressure() -> None:
+    # 7 sessions (not a multiple of the pods, or round-robin would be sticky by accident) of
+    # 13 blocks at the end; a pod holds two sessions' histories: the 4 pods hold all 7 once,
+    # round-robin needs each on every pod
+    trace = _sessions(7, 6, 2)
+    cap = TierTokens(2 * 13 * B, 0, 0, 0)
+    runs = {p: replay(trace, cap, FREE, pods=4, router=RouterConfig(policy=p))
+            for p in ("cache_aware", "round_robin")}
+    assert runs["round_robin"].evicted_tokens["device"] > 0
+    assert runs["cache_aware"].hit_ratio >= 1.5 * runs["round_robin"].hit_ratio
+
+
+def test_cache_aware_below_the_threshold_goes_to_the_smallest_tree() -> None:
+    trace = _trace([[1, 2, 3, 4], [1, 5, 6, 7], [8]])
+    r = replay(trace, TierTokens(1000, 0, 0, 0), FREE, pods=2,
+               router=RouterConfig(policy="cache_aware", cache_threshold=0.3))
+    # the second request shares 1 of 4 blocks (0.25 <= 0.3): it goes to the empty pod 1
+    assert r.requests_per_pod == (2, 1)
+    assert r.hit_tokens["device"] == 0
+
+
+def test_tier_rates_follow_the_bytes_a_hit_reads() -> None:
+    rates = tier_rates({"host": 50.0, "l3_dram": 10.0, "l3_ssd": 1.0}, 1_000_000, 8_000_000)
+    assert rates["host"] == pytest.approx(50_000)
+    # L3 then host: 1 / (1/1250 + 1/50000)
+    assert rates["l3_dram"] == pytest.approx(1 / (1 / 1250 + 1 / 50_000))
+    assert rates["l3_ssd"] < rates["l3_dram"] < rates["host"]
+
+
+def test_verdicts_name_a_tier_slower_than_recompute_and_one_the_set_fits_above() -> None:
+    trace = _sessions(4, 4, 2)
+    r = replay(trace, TierTokens(10_000, 100, 100, 100), FREE)
+    est = estimate(r, prefill_tokens_per_s=1000.0, bandwidth={
+        "host": 50.0, "l3_dram": 10.0, "l3_ssd": 1e-6}, token_bytes=1000, l3_read_bytes=1000)
+    out = verdicts(r, est, footprint=9 * 4 * B)
+    assert any(v.startswith("host: buys nothing: the trace's working set") for v in out)
+    assert any(v.startswith("l3_ssd: reads slower than recompute") for v in out)
+    assert est.ttft_s < est.ttft_cold_s  # device hits, free
+
+
+def test_a_plans_tiers_come_from_the_planners_sizing() -> None:
+    from hicache_operator.api import OperatorConfig
+    from hicache_operator.plan import plan
+    from hicache_operator.planner.trace_model import pod_model, router_config
+    from shc_testlib import load_example
+
+    cr = load_example("deepseek-r1-mi355x.yaml")
+    cr["spec"]["replicas"] = 2
+    p = plan(cr, OperatorConfig())
+    model = pod_model(p.spec, p.sizing, p.gpu_model)
+    assert p.router is not None and p.router.sizing.pod_tokens is not None
+    tokens = p.router.sizing.pod_tokens
+    # the router's tokens per pod and the device pool: 288 GiB x 0.85 - 642 GiB / 8, / 70,272 B
+    assert (model.capacity.host, model.capacity.l3_dram, model.capacity.l3_ssd) == (
+        tokens.host, tokens.l3_dram, tokens.l3_ssd) == (3_055_959, 7_823_255, 46_939_533)
+    assert model.capacity.device == int(288 * 1024**3 * 0.85 - 642 * 1024**3 // 8) // 70_272
+    assert model.token_bytes == 70_272 and model.l3_read_bytes_per_token == 8 * 70_272
+    assert model.policy == Policy(page_size=64, write_policy="write_back",
+                                  prefetch_threshold=256, promote_on_hit=True)
+    rc = router_config(p.spec, p.router, 2)
+    assert rc.policy == "cache_aware" and rc.cache_threshold == 0.3
+    assert rc.tree_tokens == p.router.sizing.tree_chars // 4  # per pod, as smg evicts
+    assert router_config(p.spec, None, 2).policy == "round_robin"
