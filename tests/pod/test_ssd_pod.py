@@ -44,7 +44,7 @@ def wait_ssd_caught_up(c: Client, timeout_s: float = 120) -> None:
         time.sleep(0.2)
 
 
-def served_from_ssd(c: Client, cold: dict) -> dict:  # type: ignore[type-arg]
+def served_from_ssd(c: Client, cold: dict) -> dict:
     warm = c.generate(PROMPT)
     details = warm["meta_info"]["cached_tokens_details"] or {}
     full_pages = warm["meta_info"]["prompt_tokens"] // 16 * 16
