@@ -152,8 +152,9 @@ def test_crd_metadata_printer_columns_and_subresources() -> None:
     assert version["subresources"]["status"] == {}
     names = [c["name"] for c in version["additionalPrinterColumns"]]
     assert [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")] == [
-        "Ready", "Replicas", "Hit", "Host-Hit", "L3-Hit", "Model", "Age"]
-    assert {"Device-Hit", "L3-Writes", "Hugepages", "L3 DRAM", "SSD", "Phase"} <= set(names)
+        "Ready", "Replicas", "Hit", "Host-Hit", "L3-Hit", "SSD-Hit", "Model", "Age"]
+    assert {"Device-Hit", "DRAM-Hit", "SSD-Read", "L3-Writes", "Hugepages", "L3 DRAM", "SSD",
+            "Phase"} <= set(names)
     # Every printer column path exists in the schema.
     schema = openapi_schema()
     for col in version["additionalPrinterColumns"]:
