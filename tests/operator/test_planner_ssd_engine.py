@@ -176,3 +176,17 @@ def test_other_volume_kinds_as_drives(kind: str) -> None:
     if kind == "emptyDir":
         res = engine_container(p.objects)["resources"]["requests"]
         assert res["ephemeral-storage"] == "200Gi"  # both drives
+
+
+def test_an_explicit_memory_must_cover_the_index_and_the_threads() -> None:
+    """R1 with an explicit memory: /dev/shm 32 GiB + ring 8,563,064,832 + index 46,944,256 +
+    stacks 536,870,912 + 4 GiB process = 47,801,585,664 B (44.5 GiB): 44Gi is refused naming
+    the SSD tier's part, 45Gi is taken as given."""
+    def memory(size: str) -> Any:
+        return lambda s: s.setdefault("resources", {}).update(memory=size)
+
+    problems = plan_problems(example_cr(R1, memory("44Gi")))
+    assert has_problem(problems, "spec.resources.memory",
+                       "L3 ring and SSD index and threads 9146880000 B", "= 47801585664 B")
+    p = plan(example_cr(R1, memory("45Gi")), CONFIG)
+    assert engine_container(p.objects)["resources"]["limits"]["memory"] == "45Gi"

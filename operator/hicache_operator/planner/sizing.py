@@ -213,7 +213,7 @@ def size_pod(
         ranks, host_page, host_r, dram_page, 0 if standalone else dram_total, lines)
     engine_mem = _engine_memory(
         spec, ranks, shm, four_k_pools, ring_total + staging_total + disk_memory, problems,
-        lines,
+        lines, l3_label="L3 ring and SSD index and threads" if ours else "L3 ring and SSD staging",
         sglang_checked_pool=None if host_page else host_r * ranks,
     )
     containers = [ContainerSizing("engine", _engine_cpu(spec, ranks, lines), engine_mem,
@@ -364,6 +364,7 @@ def _engine_memory(
     lines: list[str],
     *,
     sglang_checked_pool: int | None = None,
+    l3_label: str = "L3 ring and SSD staging",
 ) -> int:
     """``l3_buffers``: the write-back ring plus the embedded SSD staging; ``sglang_checked_pool``:
     the 4 KiB-backed host pools SGLang checks against the memory limit (0 when sized by ratio;
@@ -379,7 +380,7 @@ def _engine_memory(
                 "spec.resources.memory",
                 f"{spec.resources.memory} ({mem} B) is below what the engine needs outside "
                 f"hugepages: /dev/shm {shm} B + 4 KiB-backed pools {four_k_pools} B + "
-                f"L3 ring and SSD staging {l3_buffers} B + "
+                f"{l3_label} {l3_buffers} B + "
                 f"{ENGINE_MIN_PROCESS_MEMORY} B process = {runtime} B",
             )
         elif mem < check:
@@ -407,7 +408,7 @@ def _engine_memory(
     lines.append(
         f"engine memory = roundup_GiB(1.1 x ({format_bytes(ENGINE_BASE_MEMORY)} + "
         f"{format_bytes(ENGINE_MEMORY_PER_RANK)} x {ranks} ranks) + shm {format_bytes(shm)} + "
-        f"4 KiB-backed pools {four_k_pools} B + L3 ring and SSD staging {l3_buffers} B) = "
+        f"4 KiB-backed pools {four_k_pools} B + {l3_label} {l3_buffers} B) = "
         f"{format_bytes(mem)}"
     )
     return mem
