@@ -264,17 +264,19 @@ class Reconciler:
     async def _grow_claims(self, planned: Any, pvcs: list[Obj], namespace: str,
                            outcome: status.Outcome) -> tuple[status.Outcome, list[str]]:
         """Expand the SSD claims the plan outgrew, or turn the outcome into a refusal."""
-        claim_bytes = planned.ssd_claim_bytes
-        small = volumes.claims_to_grow(claim_bytes, pvcs) if claim_bytes else []
+        sizes = planned.ssd_claim_sizes
+        small = volumes.claims_to_grow(sizes, planned.name, pvcs)  # StatefulSet = CR name
         if not small:
             return outcome, []
         classes: dict[str, Obj | None] = {}
-        for name in {volumes.storage_class_of(p) for p in small} - {""}:
+        for name in {volumes.storage_class_of(p) for p, _size in small} - {""}:
             classes[name] = await self.kube.get("storage.k8s.io/v1", "StorageClass", None, name)
-        expansion = volumes.plan_expansion(claim_bytes, small, classes)
+        expansion = volumes.plan_expansion(small, classes)
         if expansion.refusal is not None:
+            where = (volumes.SIZE_FIELD if planned.spec.l3.ssd.volume is not None
+                     else volumes.SIZES_FIELD)
             return status.Outcome(replicas=outcome.replicas, spec_reason="VolumeExpansionRefused",
-                                  problems=[(volumes.SIZE_FIELD, expansion.refusal)]), []
+                                  problems=[(where, expansion.refusal)]), []
         done = []
         for claim, patch in sorted(expansion.patches.items()):
             await self.kube.merge_patch("v1", "PersistentVolumeClaim", namespace, claim, patch)
