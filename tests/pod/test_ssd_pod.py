@@ -12,6 +12,7 @@ Faked: the GPUs (a MI355X node's sysfs and device files) and the device SGLang c
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
@@ -62,8 +63,8 @@ def test_our_ssd_tier_serves_the_first_request_after_engine_and_pod_restarts(
         node, image, workdir: Path, models_dir: Path) -> None:
     cr = load_cr("cpu/tiny-llama-ssd.yaml")
     planned = plan_pod(cr, admin_config(node))
-    engine_env = {e["name"]: e.get("value") for c in planned.statefulset["spec"]["template"]
-                  ["spec"]["containers"] if c["name"] == "engine" for e in c.get("env", [])}
+    rendered = json.dumps(planned.configmaps)
+    assert '"HICACHE_UMBP_SSD_ENGINE": "hicache"' in rendered, "not our SSD tier"
     claims = {"tiny-models": models_dir}
     pod = start_pod(planned, node, image, workdir, claims)
     c = Client(cr["spec"]["engine"]["port"])
@@ -82,10 +83,10 @@ def test_our_ssd_tier_serves_the_first_request_after_engine_and_pod_restarts(
     on_disk = sorted(p.name for p in (claims[ssd_claim]).rglob("*") if p.is_file())
     assert "data.hcd" in on_disk and "index.hcx" in on_disk, on_disk
     # The pod is gone (every container); a new one on the same node and claim.
+    (workdir / "again").mkdir()
     again = start_pod(planned, node, image, workdir / "again", claims)
     try:
         again.wait_ready(600)
         served_from_ssd(c, cold)
     finally:
         again.close()
-    assert engine_env.get("HICACHE_UMBP_SSD_ENGINE") == "hicache", engine_env
