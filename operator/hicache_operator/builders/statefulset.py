@@ -35,7 +35,13 @@ from ..planner.security import (
 )
 from ..planner.sizing import ContainerSizing
 from ..planner.ssd import SSD_VOLUME
-from .context import CONFIG_HASH_ANNOTATION, POD_HASH_ANNOTATION, BuildInput, digest
+from .context import (
+    CONFIG_HASH_ANNOTATION,
+    IN_PLACE_READY_GATE,
+    POD_HASH_ANNOTATION,
+    BuildInput,
+    digest,
+)
 
 SHM_VOLUME = "dshm"
 RUN_VOLUME = "hicache-run"
@@ -234,9 +240,7 @@ def build_statefulset(b: BuildInput) -> dict[str, Any]:
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": termination_grace_seconds(
-            # the host pools and, embedded, the UMBP DRAM (dram_per_rank is 0 standalone)
-            (b.sizing.host_pool_per_rank + b.sizing.dram_per_rank) * b.sizing.ranks,
-            l3_wait=spec.l3.mode == "standalone"),
+            b.sizing.engine_pool_bytes, l3_wait=spec.l3.mode == "standalone"),
         "securityContext": pod_security_context(b.config.engine_pod_security),
         "affinity": b.affinity,
         "tolerations": b.tolerations,
@@ -260,6 +264,9 @@ def build_statefulset(b: BuildInput) -> dict[str, Any]:
         "kubectl.kubernetes.io/default-container": "engine",
     }
     if b.in_place:
+        # The operator takes the pod out of rotation (condition False) before it restarts the
+        # engine in place, and lets it back once the new engine is ready (controller.rollout).
+        pod_spec["readinessGates"] = [{"conditionType": IN_PLACE_READY_GATE}]
         annotations[POD_HASH_ANNOTATION] = pod_hash(pod_spec)
     sts_spec: dict[str, Any] = {
         "serviceName": b.names.headless_service,
