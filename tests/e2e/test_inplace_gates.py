@@ -253,3 +253,28 @@ def test_kubectl_rollout_undo_is_reported_and_the_crs_template_restored(
         "template"]) == IMAGE, "the CR's template back")
     time.sleep(2)  # resyncs: nothing restarts
     assert kubelet.restarts == []
+
+
+def test_an_image_that_cannot_be_pulled_stops_the_rollout_before_any_engine_stops(
+        cluster: Cluster, operator: Any) -> None:
+    """Item 10: the pull pod fails to pull (``ErrImagePull``): the rollout stops with
+    ``Degraded``/``InPlaceUpdateFailed`` naming the pod and node, and every engine keeps
+    serving the old image (before, the kubelet stopped the engine and then failed the pull)."""
+    sim = cluster.emu.simulator
+    assert sim is not None
+    cluster.emu.call(lambda s: setattr(sim, "nodes", ("gpu-a", "gpu-b")))
+    cr = _cr("unpullable", replicas=2)
+    cluster.apply(cr)
+    cluster.wait_children(cr)
+    cluster.mark_pods_ready("unpullable", 2)
+    cluster.wait_condition("unpullable", "Ready", "True")
+    bad = "registry.example/engine:missing"
+    kubelet = _kubelet(cluster, ready_after_restart=READY_AFTER_S, bad_images={bad})
+    cluster.patch_spec("unpullable", {"image": bad})
+    cond = cluster.wait_condition("unpullable", "Degraded", "True", "InPlaceUpdateFailed")
+    assert cond["message"].startswith(f"pod unpullable-1: the new engine image {bad} could not "
+                                      "be pulled on node gpu-b ahead of the restart")
+    time.sleep(2)  # resyncs: nothing is touched
+    assert kubelet.restarts == []
+    pods = cluster.pods("unpullable")
+    assert all(_engine_image(p) == IMAGE and _condition(p, "Ready") == "True" for p in pods)

@@ -130,6 +130,7 @@ def test_a_new_image_is_pulled_on_the_node_before_the_pod_leaves_the_rotation() 
         {"name": "pull", "state": {"waiting": {"reason": "ContainerCreating"}}}])
     waiting = _decide(new, live, pods, pacing=_pacing(), pulls={name: pulling})
     assert (waiting.pulls, waiting.gates, waiting.pull_deletes) == ((), (), ())
+    assert waiting.recheck_s == 5  # no watch sees a pull pod: the operator looks again
     pulled = _pull_status(pull, phase="Succeeded")
     done = _decide(new, live, pods, pacing=_pacing(), pulls={name: pulled})
     assert [(g.pod, g.ready) for g in done.gates] == [("tiny-llama-sa-2", False)]

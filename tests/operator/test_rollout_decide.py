@@ -147,8 +147,10 @@ def test_pods_are_updated_in_place_highest_ordinal_first_one_at_a_time() -> None
     assert first.status is not None and first.status["preparing"] == ["tiny-llama-sa-2"]
     gated = _gated(pods, first)
     assert not _serving(gated[2]) and all(_serving(p) for p in gated[:2])
+    assert first.recheck_s == 35  # the operator decides again when the grace ends
     # ... and stays out for the grace period before its engine restarts.
-    assert _decide(new, live, gated, pacing=Pacing(drain_grace_s=35), now=NOW + 34).patches == ()
+    waiting = _decide(new, live, gated, pacing=Pacing(drain_grace_s=35), now=NOW + 34)
+    assert waiting.patches == () and waiting.recheck_s == 1
     d = _decide(new, live, gated, pacing=Pacing(drain_grace_s=35), now=NOW + 35)
     assert [p.pod for p in d.patches] == ["tiny-llama-sa-2"] and d.gates == ()
     patched = _applied(gated[2], d)

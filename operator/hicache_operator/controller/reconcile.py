@@ -56,6 +56,7 @@ class Result:
     writes: int = 0
     events: list[Event] = field(default_factory=list)
     status: Obj = field(default_factory=dict)
+    recheck_s: float | None = None  # an in-place rollout waits for time to pass (a grace, a pull)
 
 
 @dataclass
@@ -371,7 +372,8 @@ class Reconciler:
                                         subresource="status")
             metrics.WRITES.labels("patch", f"{KIND}/status").inc()
             writes += 1
-        return Result(valid=planned is not None, writes=writes, events=events, status=new_status)
+        return Result(valid=planned is not None, writes=writes, events=events, status=new_status,
+                      recheck_s=decision.recheck_s if decision is not None else None)
 
     async def _observe_cache(self, planned: Any, trigger: str, key: tuple[str, str],
                              pods: list[Obj]) -> CacheObservation | None:

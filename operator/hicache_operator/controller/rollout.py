@@ -95,6 +95,8 @@ __all__ = ["ENGINE", "IN_PLACE_ANNOTATION", "REVISION_LABEL", "Decision", "Failu
            "pod_ready", "scaled", "target_of", "template_changes"]
 
 Obj = dict[str, Any]
+# How often a running pull pod is looked at (the operator watches no pull pod).
+PULL_POLL_S = 5.0
 # Pull pod states that say the image is on the node (the container was created or ran).
 _PULLED_WAITING = frozenset({"CreateContainerConfigError", "CreateContainerError",
                              "RunContainerError"})
@@ -126,6 +128,7 @@ class Decision:
     gates: tuple[GatePatch, ...] = ()  # readiness-gate conditions to write, before the patches
     pulls: tuple[Obj, ...] = ()  # pull pods to create
     pull_deletes: tuple[str, ...] = ()  # pull pods done with
+    recheck_s: float | None = None  # decide again this soon (a drain grace ends, a pull runs)
 
     @property
     def progressing(self) -> tuple[str, str] | None:
@@ -285,7 +288,7 @@ def decide(target: Target, live_sts: Mapping[str, Any] | None,
     keep_pulls = {p["metadata"]["name"] for p in step.pulls} | step.waiting_pulls
     return Decision(_during(target, owned, revision), keep, tuple(step.patches), status, fail,
                     tuple([*gates, *step.gates]), tuple(step.pulls),
-                    tuple(sorted(set(pulls) - keep_pulls)))
+                    tuple(sorted(set(pulls) - keep_pulls)), step.recheck_s)
 
 
 class _Steps:
@@ -300,6 +303,10 @@ class _Steps:
         self.pulls: list[Obj] = []
         self.waiting_pulls: set[str] = set()
         self.preparing: set[str] = set()
+        self.recheck_s: float | None = None
+
+    def _recheck(self, seconds: float) -> None:
+        self.recheck_s = seconds if self.recheck_s is None else min(self.recheck_s, seconds)
 
     def run(self, owned: Mapping[int, Mapping[str, Any]], outdated: Sequence[Mapping[str, Any]],
             in_flight: Sequence[Mapping[str, Any]],
@@ -333,6 +340,7 @@ class _Steps:
                         "the old image")
             if state != "pulled":
                 self.preparing.add(name)
+                self._recheck(PULL_POLL_S)
                 if state == "missing":
                     self.pulls.append(build_prepull_pod(
                         cr_name=self.pacing.cr_name, namespace=self.pacing.namespace,
@@ -346,11 +354,14 @@ class _Steps:
             self.preparing.add(name)
             self.gates.append(gate_patch(pod, False, self.now, (
                 f"out of rotation for an in-place update to revision {self.revision}")))
+            self._recheck(self.pacing.drain_grace_s)
             return None
         if has_gate(pod):
             since = parse_time((cond or {}).get("lastTransitionTime"))
-            if since is not None and self.now - since < self.pacing.drain_grace_s:
+            waited = int(self.now) - since if since is not None else None  # whole seconds
+            if waited is not None and waited < self.pacing.drain_grace_s:
                 self.preparing.add(name)
+                self._recheck(self.pacing.drain_grace_s - waited)
                 return None
         self.patches.append(engine_patch(pod, self.target, self.revision, self.now))
         return None
