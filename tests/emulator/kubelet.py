@@ -191,8 +191,9 @@ class Kubelet:
             return
         status = dict(pod.get("status") or {})
         before = status.get("conditions") or []
-        containers = any(c.get("type") == "ContainersReady" and c.get("status") == "True"
-                         for c in before)
+        states = self.containers.get(pod["metadata"]["uid"])
+        containers = all(c.ready for c in states.values()) if states else any(
+            c.get("type") == "ContainersReady" and c.get("status") == "True" for c in before)
         after = _conditions(pod, before, containers)
         if after != before:
             self.store.replace(self.pods_type, namespace, name,
@@ -234,7 +235,6 @@ class Kubelet:
             if str(c.get("image", "")) != state.image:
                 self._restart(state, str(c.get("image", "")), "image changed")
                 restarted.append((c["name"], "image changed"))
-        self._resync_ready(namespace, name)
         config = self._config(pod)
         if config != self.config_seen.get(uid) and "engine" in states:
             self.config_seen[uid] = config
@@ -244,6 +244,7 @@ class Kubelet:
                 self._restart(engine, engine.image, "configuration revision changed")
                 restarted.append(("engine", "configuration revision changed"))
         if not restarted:
+            self._resync_ready(namespace, name)  # a gate's condition may have changed
             return
         for container, why in restarted:
             self.restarts.append((name, container, why))

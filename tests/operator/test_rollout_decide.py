@@ -235,6 +235,15 @@ def test_a_pod_without_its_gate_condition_gets_it_and_becomes_ready() -> None:
     assert _serving(_gated([fresh], d)[0])
     # Before the StatefulSet exists the same holds.
     assert [g.pod for g in _decide(sts, None, [fresh]).gates] == ["tiny-llama-sa-1"]
+    # A pod with no conditions yet: the patch adds the list, guarded by the pod's
+    # resourceVersion (an "add" would replace a list the kubelet wrote meanwhile).
+    pending = {**fresh, "metadata": {**fresh["metadata"], "resourceVersion": "41"},
+               "status": {"phase": "Pending"}}
+    [gate] = _decide(sts, None, [pending]).gates
+    assert {"op": "test", "path": "/metadata/resourceVersion", "value": "41"} in gate.ops
+    with pytest.raises(jsonpatch.JsonPatchTestFailed):
+        jsonpatch.apply_patch({**pending, "metadata": {**pending["metadata"],
+                                                       "resourceVersion": "42"}}, gate.ops)
 
 
 def test_the_strategy_makes_pods_recreated_mid_rollout_from_the_new_revision() -> None:

@@ -141,7 +141,9 @@ def gate_patch(pod: Mapping[str, Any], ready: bool, now: float, why: str) -> Gat
                 {"op": "replace", "path": f"/status/conditions/{index}", "value": value}]
     elif conditions:
         ops.append({"op": "add", "path": "/status/conditions/-", "value": value})
-    else:
+    else:  # no conditions yet: "add" would replace a list the kubelet writes meanwhile
+        ops.append({"op": "test", "path": "/metadata/resourceVersion",
+                    "value": m.get("resourceVersion")})
         if not pod.get("status"):
             ops.append({"op": "add", "path": "/status", "value": {}})
         ops.append({"op": "add", "path": "/status/conditions", "value": [value]})
