@@ -47,11 +47,11 @@ PERMISSIONS: tuple[Permission, ...] = (
     ("rbac.authorization.k8s.io", "rolebindings", _WRITE),
     # Observed for status (and the pod IPs whose SGLang /metrics the operator reads over
     # HTTP: no pods/proxy); patched by in-place rollouts (updateStrategy InPlaceIfPossible:
-    # the engine image, labels and annotations; never deleted). SSD PVCs are expanded when
-    # claimTemplate.size grows (patch) and deleted with the CR only when the CR asks for it.
-    # In-place rollouts also set their readiness gate's condition on pods (pods/status), and
-    # pull a new engine image ahead on each pod's node with a short-lived pull pod that they
-    # create and delete (builders.prepull: no privileges, no service account token).
+    # the engine image, labels and annotations; an engine pod is never deleted), which also
+    # set their readiness gate's condition (pods/status) and pull a new engine image ahead on
+    # each pod's node with a short-lived pull pod they create and delete (builders.prepull: no
+    # privileges, no service account token). SSD PVCs are expanded when claimTemplate.size
+    # grows (patch) and deleted with the CR only when the CR asks for it.
     ("", "pods", ("get", "list", "watch", "create", "patch", "delete")),
     ("", "pods/status", ("patch",)),
     ("", "persistentvolumeclaims", ("get", "list", "watch", "patch", "delete")),
