@@ -232,6 +232,16 @@ class RolloutStatus(ApiModel):
     restarting: list[str] = Field(
         default_factory=list, description="Pods whose engine restarts in place now."
     )
+    preparing: list[str] = Field(
+        default_factory=list,
+        description="Pods getting ready for their in-place restart: the new image being pulled "
+        "on their node, or out of rotation (readiness gate False) for drainGraceSeconds.",
+    )
+    waiting: str | None = Field(
+        default=None,
+        description="Why no pod is restarted now although some are due (e.g. the router's "
+        "worker list cannot be read, so which pods serve is unknown).",
+    )
     failed_pod: str | None = Field(
         default=None, description="The pod whose in-place update failed (the rollout stops)."
     )

@@ -34,7 +34,13 @@ from ..planner.security import (
     sidecar_security_context,
 )
 from ..planner.sizing import ContainerSizing
-from .context import CONFIG_HASH_ANNOTATION, POD_HASH_ANNOTATION, BuildInput, digest
+from .context import (
+    CONFIG_HASH_ANNOTATION,
+    IN_PLACE_READY_GATE,
+    POD_HASH_ANNOTATION,
+    BuildInput,
+    digest,
+)
 
 SHM_VOLUME = "dshm"
 RUN_VOLUME = "hicache-run"
@@ -236,9 +242,7 @@ def build_statefulset(b: BuildInput) -> dict[str, Any]:
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": termination_grace_seconds(
-            # the host pools and, embedded, the UMBP DRAM (dram_per_rank is 0 standalone)
-            (b.sizing.host_pool_per_rank + b.sizing.dram_per_rank) * b.sizing.ranks,
-            l3_wait=spec.l3.mode == "standalone"),
+            b.sizing.engine_pool_bytes, l3_wait=spec.l3.mode == "standalone"),
         "securityContext": pod_security_context(b.config.engine_pod_security),
         "affinity": b.affinity,
         "tolerations": b.tolerations,
@@ -262,6 +266,9 @@ def build_statefulset(b: BuildInput) -> dict[str, Any]:
         "kubectl.kubernetes.io/default-container": "engine",
     }
     if b.in_place:
+        # The operator takes the pod out of rotation (condition False) before it restarts the
+        # engine in place, and lets it back once the new engine is ready (controller.rollout).
+        pod_spec["readinessGates"] = [{"conditionType": IN_PLACE_READY_GATE}]
         annotations[POD_HASH_ANNOTATION] = pod_hash(pod_spec)
     sts_spec: dict[str, Any] = {
         "serviceName": b.names.headless_service,

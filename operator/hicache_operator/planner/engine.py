@@ -30,9 +30,11 @@ from hicache_umbp.contract.units import GB
 from hicache_umbp.launch.command import owned_flag, render_command
 from hicache_umbp.launch.errors import LaunchError
 
+from ..api.k8s import IN_PLACE
 from ..api.spec import SGLangHiCacheSpec
 from .errors import Problems
 from .page_geometry import largest_page_size, page_size_refusal
+from .pod_overhead import engine_stop_grace_seconds
 from .sizing import PodSizing
 from .ssd import SsdLayout
 
@@ -243,6 +245,10 @@ def contract_values(
             # The same number as the sidecar's UMBP_DISTRIBUTED_DRAM_PAGE_SIZE (builders);
             # without the page geometry both keep their default (8 MiB), as before.
             v["umbp_ssd_slot_bytes"] = sizing.ssd_slot_bytes
+    if spec.update_strategy.type == IN_PLACE:
+        # Only the configuration watcher of InPlaceIfPossible reads it; rendered for no other
+        # strategy, so their pods' templates stay byte for byte across an operator upgrade.
+        v["engine_stop_grace_s"] = engine_stop_grace_seconds(sizing.engine_pool_bytes)
     if l3.backend == BUILTIN_BACKEND:
         # Rendered only when not the default, so pods of CRs that never set it keep their
         # ConfigMap (and config hash) byte for byte: an operator upgrade restarts no engine.

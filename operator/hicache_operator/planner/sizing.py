@@ -138,6 +138,12 @@ class PodSizing:
         return self.containers[0]
 
     @property
+    def engine_pool_bytes(self) -> int:
+        """What the engine releases when it stops: its host pools and, embedded, the UMBP DRAM
+        (``dram_per_rank`` is 0 standalone); the stop budgets of ``pod_overhead`` scale with it."""
+        return (self.host_pool_per_rank + self.dram_per_rank) * self.ranks
+
+    @property
     def cpu_total(self) -> int:
         return sum(c.cpu for c in self.containers)
 
