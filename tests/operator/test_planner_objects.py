@@ -67,6 +67,7 @@ def test_objects_are_deterministic_labelled_and_without_owner_refs() -> None:
         "Role/llama-70b-router",
         "RoleBinding/llama-70b-router",
         "Deployment/llama-70b-router",
+        "PodDisruptionBudget/llama-70b-router",
         "StatefulSet/llama-70b",
     ]
     for o in a.objects:

@@ -33,6 +33,11 @@ def build_router_deployment(b: BuildInput) -> dict[str, Any]:
         ],
         # /readiness: 200 once the router has a healthy worker; /liveness: the process serves.
         "readinessProbe": _probe("/readiness", 5, 2),
+        # Deletion: keep serving while Endpoints and kube-proxy drop the pod, then SIGTERM,
+        # after which smg waits --shutdown-grace-period-secs for streams in flight. The
+        # kubelet's own sleep action: the image needs no shell.
+        **({"lifecycle": {"preStop": {"sleep": {"seconds": r.pre_stop_seconds}}}}
+           if r.pre_stop_seconds else {}),
         "livenessProbe": _probe("/liveness", 10, 3),
         "resources": {"requests": dict(resources), "limits": dict(resources)},
         "securityContext": {
@@ -64,7 +69,7 @@ def build_router_deployment(b: BuildInput) -> dict[str, Any]:
                     # The gateway reads its token to watch pods (the Role allows nothing else).
                     "automountServiceAccountToken": True,
                     "enableServiceLinks": False,
-                    "terminationGracePeriodSeconds": 30,
+                    "terminationGracePeriodSeconds": plan.termination_grace_s,
                     "securityContext": {"runAsNonRoot": True, "runAsUser": ROUTER_UID,
                                         "seccompProfile": {"type": "RuntimeDefault"}},
                     "containers": [container],

@@ -35,6 +35,7 @@ from ..builders import (
     build_headless_service,
     build_pdb,
     build_router_deployment,
+    build_router_pdb,
     build_router_role,
     build_router_rolebinding,
     build_router_serviceaccount,
@@ -210,6 +211,7 @@ def plan(
         *([build_router_serviceaccount(build), build_router_role(build),
            build_router_rolebinding(build), build_router_deployment(build)]
           if router is not None else []),
+        *([build_router_pdb(build)] if router is not None and spec.router.replicas > 1 else []),
         build_statefulset(build),
     ]
     check_objects(objects, problems)
