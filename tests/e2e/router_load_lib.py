@@ -138,7 +138,7 @@ def run_case(smg: Path, case: str, args: list[str], ips: tuple[str, str, str], l
     urls = [f"http://{ip}:{port}" for ip in ips]
     with ExitStack() as stack:
         workers = [stack.enter_context(SGLangStandIn(ip, port)) for ip in ips]
-        out = stack.enter_context(open(log, "ab"))  # noqa: SIM115 (closed with the stack)
+        out = stack.enter_context(open(log, "ab"))
         proc = subprocess.Popen(
             [str(smg), *args, "--host", "127.0.0.1", "--port", str(router_port),
              "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),

@@ -40,6 +40,7 @@ import hashlib
 import json
 from typing import Any
 
+from .admission import record_failed_create
 from .kubelet import Kubelet
 from .store import ApiError, Obj, Store, WatchEvent, now_iso
 
@@ -197,7 +198,12 @@ class WorkloadSimulator:
                                        {"metadata": {"ownerReferences": [_owner(sts)]}})
             if pod is None:
                 revision = current if rolling and ordinal < partition else update
-                pod = self._create_pod(sts, ordinal, revision, history[revision])
+                try:
+                    pod = self._create_pod(sts, ordinal, revision, history[revision])
+                except ApiError as exc:  # e.g. Pod Security Admission: 403
+                    record_failed_create(self.store, sts, f"create Pod {pod_name} in "
+                                         f"StatefulSet {name} failed error: {exc.message}")
+                    continue
             pods[ordinal] = pod
             self._ensure_pvcs(sts, ordinal, policy)
         for ordinal, pod in self._owned_pods(sts):

@@ -5,8 +5,8 @@ from .context import BuildInput, ObjectNames
 from .deployment import build_router_deployment
 from .pdb import build_pdb
 from .role import build_router_role
-from .router_pdb import build_router_pdb
 from .rolebinding import build_router_rolebinding
+from .router_pdb import build_router_pdb
 from .serviceaccount import build_router_serviceaccount
 from .services import build_client_service, build_headless_service
 from .statefulset import build_statefulset
@@ -18,8 +18,8 @@ __all__ = [
     "build_configmap",
     "build_headless_service",
     "build_pdb",
-    "build_router_pdb",
     "build_router_deployment",
+    "build_router_pdb",
     "build_router_role",
     "build_router_rolebinding",
     "build_router_serviceaccount",

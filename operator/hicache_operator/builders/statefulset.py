@@ -131,7 +131,7 @@ def _engine_container(b: BuildInput) -> dict[str, Any]:
             *DRAIN_COMMAND, "--timeout", str(DRAIN_TIMEOUT_S),
             "--endpoint-delay", str(DRAIN_ENDPOINT_DELAY_S), "--port", str(spec.engine.port),
             *(["--l3-timeout", str(DRAIN_L3_TIMEOUT_S)] if standalone else [])]}}},
-        "securityContext": engine_security_context(spec, b.config.policy),
+        "securityContext": engine_security_context(spec, b.config.policy, b.capabilities),
     }
 
 

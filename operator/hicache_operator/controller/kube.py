@@ -57,6 +57,7 @@ PERMISSIONS: tuple[Permission, ...] = (
     ("", "events", ("create",)),
     # kopf: resource scanning and namespace patterns.
     ("apiextensions.k8s.io", "customresourcedefinitions", ("get", "list", "watch")),
+    # (get: the namespace's Pod Security Admission level, which the pods are rendered for.)
     ("", "namespaces", ("get", "list", "watch")),
     # kopf peering (two replicas, one active).
     ("kopf.dev", "kopfpeerings", ("get", "list", "watch", "patch")),
@@ -77,6 +78,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("v1", "Pod"): "pods",
     ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
     ("storage.k8s.io/v1", "StorageClass"): "storageclasses",
+    ("v1", "Namespace"): "namespaces",
 }
 CHILD_KINDS: tuple[tuple[str, str], ...] = (
     ("apps/v1", "StatefulSet"), ("v1", "Service"), ("v1", "ConfigMap"),

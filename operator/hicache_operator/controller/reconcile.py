@@ -27,6 +27,7 @@ from . import diff, inplace, metrics, status, volumes
 from .apply import ChildKey, ChildMemory, ChildWriter
 from .kube import CHILD_KINDS, KubeClient, KubeError
 from .logs import cr_logger
+from .namespaces import pod_security_label
 from .router_status import (
     RouterReader,
     routed_pods,
@@ -94,17 +95,19 @@ def _key(obj: Mapping[str, Any]) -> ChildKey:
     return (obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
 
 
-def _default_plan(body: Mapping[str, Any], config: Any, router_serving: bool = True) -> Any:
+def _default_plan(body: Mapping[str, Any], config: Any, router_serving: bool = True,
+                  pod_security: str | None = None) -> Any:
     from ..plan import plan  # imported lazily: the planner is heavier than the handlers
 
-    return plan(body, config, router_serving=router_serving)
+    return plan(body, config, router_serving=router_serving, pod_security=pod_security)
 
 
 class Reconciler:
     """Holds the per-CR memory of what was last applied (for cheap drift checks)."""
 
     def __init__(self, kube: KubeClient, config: Any,
-                 plan_fn: Callable[[Mapping[str, Any], Any, bool], Any] = _default_plan,
+                 plan_fn: Callable[[Mapping[str, Any], Any, bool, str | None], Any]
+                 = _default_plan,
                  serving_checks: Sequence[inplace.ServingCheck] = ()) -> None:
         self.kube, self.config, self.plan_fn = kube, config, plan_fn
         # Beyond a pod's Ready condition, what "serving" means to an in-place rollout (e.g. a
@@ -228,17 +231,18 @@ class Reconciler:
             self._update_gauges()
             return result
 
-    def _plan(self, body: Mapping[str, Any], state: _CrState,
-              router_serving: bool = True) -> tuple[Any, status.Outcome]:
+    def _plan(self, body: Mapping[str, Any], state: _CrState, router_serving: bool = True,
+              pod_security: str | None = None) -> tuple[Any, status.Outcome]:
         """The plan, or the outcome saying why there is none. Never raises for a bad spec: an
         unexpected planner error is a spec problem too (logged with its traceback once)."""
         spec = body.get("spec") or {}
         replicas = int(spec.get("replicas", 1)) if isinstance(spec.get("replicas", 1), int) else 0
         cfg = self.config.cache_metrics
         try:
-            planned = self.plan_fn(body, self.config, router_serving)
+            planned = self.plan_fn(body, self.config, router_serving, pod_security)
         except SpecError as exc:
-            return None, status.Outcome(replicas=replicas, problems=list(exc.problems))
+            return None, status.Outcome(replicas=replicas, problems=list(exc.problems),
+                                        spec_reason=exc.reason)
         except Exception as exc:
             text = f"{type(exc).__name__}: {exc}"
             if state.planner_failure != text:
@@ -296,7 +300,8 @@ class Reconciler:
                 obj.setdefault("apiVersion", api_version)
                 obj.setdefault("kind", kind)
                 live[_key(obj)] = obj
-        planned, outcome = self._plan(body, state, router_serving(live, name))
+        planned, outcome = self._plan(body, state, router_serving(live, name),
+                                      await pod_security_label(self.kube, namespace))
 
         pvcs = await self.kube.list("v1", "PersistentVolumeClaim", namespace, selector)
         applied: list[str] = []
