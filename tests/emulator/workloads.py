@@ -258,11 +258,20 @@ class WorkloadSimulator:
         labels = dict(meta.get("labels") or {})
         labels.update({REVISION_LABEL: revision,
                        "statefulset.kubernetes.io/pod-name": name})
+        spec = template.get("spec") or {}
+        # As the real controller (updateStorage): each claim template becomes a volume of the
+        # pod naming its claim, in place of a template volume of the same name.
+        claims = {t["metadata"]["name"]: {"name": t["metadata"]["name"], "persistentVolumeClaim": {
+            "claimName": f"{t['metadata']['name']}-{name}"}}
+            for t in sts["spec"].get("volumeClaimTemplates") or []}
+        if claims:
+            spec["volumes"] = [v for v in spec.get("volumes") or [] if v.get("name") not in
+                               claims] + list(claims.values())
         pod = {"apiVersion": "v1", "kind": "Pod",
                "metadata": {"name": name, "namespace": sts["metadata"]["namespace"],
                             "labels": labels, "annotations": meta.get("annotations") or {},
                             "ownerReferences": [_owner(sts)]},
-               "spec": template.get("spec") or {}}
+               "spec": spec}
         created = self.store.create(self.pods, None, pod)
         return self.store.replace(self.pods, created["metadata"]["namespace"], name,
                                   {**created, "status": {"phase": "Pending"}}, "status")
@@ -314,6 +323,29 @@ class WorkloadSimulator:
         with contextlib.suppress(ApiError):  # deleted in the meantime
             self.store.replace(self.sts, namespace, sts["metadata"]["name"],
                                {**sts, "status": status}, "status")
+
+    def bind_local_volume(self, namespace: str, claim: str, node: str) -> Obj:
+        """The volume controller binding ``claim`` to a new local PersistentVolume on
+        ``node`` (``spec.nodeAffinity`` on its hostname label, as local-NVMe provisioners
+        create them); returns the PersistentVolume."""
+        pvs = self.store.find_type("", "v1", "persistentvolumes")
+        pvc = self.store.get(self.pvcs, namespace, claim)
+        size = ((pvc.get("spec") or {}).get("resources") or {}).get("requests", {})
+        pv = self.store.create(pvs, None, {
+            "metadata": {"name": f"local-pv-{pvc['metadata']['uid'][:8]}"},
+            "spec": {"capacity": {"storage": size.get("storage", "1Gi")},
+                     "accessModes": ["ReadWriteOnce"], "storageClassName":
+                     (pvc.get("spec") or {}).get("storageClassName") or "local-nvme",
+                     "local": {"path": "/mnt/nvme0"},
+                     "persistentVolumeReclaimPolicy": "Retain",
+                     "claimRef": {"namespace": namespace, "name": claim,
+                                  "uid": pvc["metadata"]["uid"]},
+                     "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                         {"key": "kubernetes.io/hostname", "operator": "In",
+                          "values": [node]}]}]}}}})
+        self.store.patch(self.pvcs, namespace, claim, "application/merge-patch+json",
+                         {"spec": {"volumeName": pv["metadata"]["name"]}})
+        return pv
 
     # ---------------------------------------------------------------- kubelet/scheduler verdicts
     def _set_pod_status(self, namespace: str, name: str, status: Obj) -> Obj:

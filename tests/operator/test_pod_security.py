@@ -102,9 +102,9 @@ def test_each_control_at_each_level_agrees_with_the_emulators_reading(
     pod = _with(mutate)
     assert least_level(pod) == need
     for level in ("baseline", "restricted"):
-        ours = bool(check_pod(pod, level))  # type: ignore[arg-type]
+        ours = bool(check_pod(pod, level))
         theirs = bool(emulator_violations({"spec": pod}, level))
-        assert ours == theirs, (level, check_pod(pod, level))  # type: ignore[arg-type]
+        assert ours == theirs, (level, check_pod(pod, level))
 
 
 def test_a_label_that_is_no_level_is_enforced_as_restricted_and_warned() -> None:

@@ -280,14 +280,15 @@ def build_statefulset(b: BuildInput) -> dict[str, Any]:
         claim = dict(b.ssd.claim_template)
         claim["metadata"] = {**claim["metadata"], "labels": b.labels("cache")}
         sts_spec["volumeClaimTemplates"] = [claim]
-        # Deleting a user's volume is never implicit: PVCs (and their local-NVMe bindings)
-        # survive a scale-down always, and the CR's deletion unless it opts in with
-        # claimTemplate.deleteWithResource. (On mori 1.2.4 their pages are not served again.)
+        # The CR's deletion keeps the claims unless it opts in (deleteWithResource: a user's
+        # volume is not deleted implicitly). A scale-down deletes its pods' claims unless
+        # whenScaled: Retain: the claim is a cache (mori 1.2.4 serves none of its pages
+        # again), and a kept local-NVMe claim binds a later scale-up to the old node.
         template = spec.l3.ssd.volume.claim_template if spec.l3.ssd.volume else None
         delete = bool(template and template.delete_with_resource)
         sts_spec["persistentVolumeClaimRetentionPolicy"] = {
             "whenDeleted": "Delete" if delete else "Retain",
-            "whenScaled": "Retain",
+            "whenScaled": template.when_scaled if template else "Retain",
         }
     return {
         "apiVersion": "apps/v1",

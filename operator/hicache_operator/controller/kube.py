@@ -47,10 +47,15 @@ PERMISSIONS: tuple[Permission, ...] = (
     ("rbac.authorization.k8s.io", "rolebindings", _WRITE),
     # Observed for status (and the pod IPs whose SGLang /metrics the operator reads over
     # HTTP: no pods/proxy); patched by in-place rollouts (updateStrategy InPlaceIfPossible:
-    # the engine image, labels and annotations; never deleted). SSD PVCs are expanded when
+    # the engine image, labels and annotations). SSD PVCs are expanded when
     # claimTemplate.size grows (patch) and deleted with the CR only when the CR asks for it.
-    ("", "pods", ("get", "list", "watch", "patch")),
+    # A Pending pod whose SSD claim is bound to a lost node loses both (delete; see
+    # controller/claims.py), after reading that claim's PersistentVolume (get) and the nodes
+    # (list: which are Ready and schedulable), both cluster-scoped.
+    ("", "pods", ("get", "list", "watch", "patch", "delete")),
     ("", "persistentvolumeclaims", ("get", "list", "watch", "patch", "delete")),
+    ("", "persistentvolumes", ("get",)),
+    ("", "nodes", ("list",)),
     # Whether an SSD claim's StorageClass allows volume expansion (cluster-scoped).
     ("storage.k8s.io", "storageclasses", ("get",)),
     # Events (kopf posts them to core v1).
@@ -79,6 +84,8 @@ PLURALS: dict[tuple[str, str], str] = {
     ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
     ("storage.k8s.io/v1", "StorageClass"): "storageclasses",
     ("v1", "Namespace"): "namespaces",
+    ("v1", "PersistentVolume"): "persistentvolumes",
+    ("v1", "Node"): "nodes",
 }
 CHILD_KINDS: tuple[tuple[str, str], ...] = (
     ("apps/v1", "StatefulSet"), ("v1", "Service"), ("v1", "ConfigMap"),

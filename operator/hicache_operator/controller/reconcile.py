@@ -25,6 +25,7 @@ from ..cachestats.observer import CacheObservation, CacheObserver
 from ..planner.errors import SpecError
 from . import diff, inplace, metrics, status, volumes
 from .apply import ChildKey, ChildMemory, ChildWriter
+from .claims import check_claims
 from .kube import CHILD_KINDS, KubeClient, KubeError
 from .logs import cr_logger
 from .namespaces import pod_security_label
@@ -72,6 +73,7 @@ class _CrState:
     failures: int = 0  # consecutive reconciles that hit API trouble
     children: ChildMemory = field(default_factory=ChildMemory)
     planner_failure: str = ""  # the unexpected planner error last logged (logged once)
+    freed: dict[str, str] = field(default_factory=dict)  # pods whose lost SSD claim went
 
 
 def _claim_template(body: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -311,6 +313,9 @@ class Reconciler:
             if outcome.problems:
                 planned = None
         pods = await self.kube.list("v1", "Pod", namespace, selector)
+        claims = await check_claims(self.kube, namespace, planned, pods, pvcs, state.freed)
+        writes += claims.writes
+        events.extend(claims.events)
 
         rejections: list[str] = []
         decision = None
@@ -364,7 +369,8 @@ class Reconciler:
         router_status, router_issues = await self._observe_router(
             planned, trigger, (namespace, name), live, pods)
         observed = status.Observed(statefulset=sts, pods=pods, pvcs=pvcs, cache=cache,
-                                   router=router_status, router_issues=tuple(router_issues))
+                                   router=router_status, router_issues=tuple(router_issues),
+                                   volume_issues=tuple(claims.issues))
         new_status = status.compute_status(generation=int(meta.get("generation") or 1),
                                            outcome=outcome, observed=observed, previous=previous)
         state.phase = str(new_status.get("phase", ""))
