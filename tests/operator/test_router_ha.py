@@ -124,3 +124,27 @@ def test_two_router_pods_by_default_with_a_budget_and_one_pod_warned() -> None:
     assert _obj(one, "PodDisruptionBudget") is None
     assert any("one router pod" in w for w in one.warnings)
     assert not any("one router pod" in w for w in p.warnings)
+
+
+def test_two_router_pods_join_a_mesh_that_finds_its_peers_by_their_labels() -> None:
+    """smg names itself by the pod and advertises the pod IP (the kubelet expands both from
+    the container's env); its peers are the pods of the router Deployment's own selector."""
+    p = _plan()
+    dep = _deployment(p)
+    args = _args(p)
+    assert args[args.index("--mesh-server-name") + 1] == "$(POD_NAME)"
+    assert args[args.index("--mesh-advertise-host") + 1] == "$(POD_IP)"
+    assert args[args.index("--mesh-port") + 1] == "39527"
+    at = args.index("--router-selector")
+    labels = dep["spec"]["selector"]["matchLabels"]
+    assert args[at + 1:at + 1 + len(labels)] == [f"{k}={v}" for k, v in sorted(labels.items())]
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    assert {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]} == {
+        "POD_NAME": "metadata.name", "POD_IP": "status.podIP"}
+    assert {"name": "mesh", "containerPort": 39527, "protocol": "TCP"} in container["ports"]
+    one = _args(_plan(lambda s: s.update(router={"replicas": 1})))
+    assert "--enable-mesh" not in one
+    off = _args(_plan(lambda s: s.update(router={"mesh": {"enabled": False}})))
+    assert "--enable-mesh" not in off
+    with pytest.raises(SpecError):
+        _plan(lambda s: s.update(router={"extraArgs": ["--mesh-peer-urls", "x:1"]}))

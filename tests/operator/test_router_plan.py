@@ -157,7 +157,7 @@ def test_router_pods_are_never_selected_as_engines() -> None:
     container = pod["containers"][0]
     assert container["resources"]["requests"] == container["resources"]["limits"]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
-    assert {p["name"] for p in container["ports"]} == {"http", "metrics"}
+    assert {p["name"] for p in container["ports"]} == {"http", "metrics", "mesh"}
 
 
 def test_the_role_reads_pods_of_the_namespace_and_nothing_else() -> None:

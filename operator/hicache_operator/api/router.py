@@ -36,7 +36,8 @@ ROUTER_OWNED_FLAGS = (
     "--pd-disaggregation", "--epd-disaggregation", "--log-dir", "--enable-mesh",
     "--router-selector", "--worker-overload-protection", "--disable-worker-overload-protection",
     "--worker-overload-waiting-requests", "--worker-overload-token-usage",
-    "--worker-warmup-divert-every", "--shutdown-grace-period-secs",
+    "--worker-warmup-divert-every", "--shutdown-grace-period-secs", "--mesh-server-name",
+    "--mesh-host", "--mesh-advertise-host", "--mesh-port", "--mesh-peer-urls",
 )
 
 
@@ -125,12 +126,27 @@ class RouterOverload(ApiModel):
     )
     token_usage: float = Field(
         default=0.8,
-        gt=0,
+        ge=0.01,
         le=1,
         description="--worker-overload-token-usage, with protection on: KV-cache use at or "
         "above which a worker is skipped (SGLang's token_usage: a full device pool is the "
         "normal state of a busy engine whose host pool holds the rest).",
     )
+
+
+class RouterMesh(ApiModel):
+    """smg's mesh: router pods gossip their state, the cache-aware tree included, so every
+    router routes a follow-up to the pod that holds its prefix, whichever router saw it first,
+    and a restarted router gets the tree back from its peers."""
+
+    enabled: bool | None = Field(
+        default=None,
+        description="Join the router pods in a mesh (--enable-mesh; peers found by their "
+        "labels through the router's pod watch, --router-selector). Unset: on from 2 router "
+        "pods. The mesh speaks clear text to any peer that reaches its port: restrict the "
+        "port to the router pods with a NetworkPolicy (docs/operations.md).",
+    )
+    port: int = Field(default=39527, ge=1024, le=65535, description="--mesh-port.")
 
 
 class RouterResources(ApiModel):
@@ -154,6 +170,11 @@ class Router(ApiModel):
     }, {
         "rule": "!has(self.port) || self.port != 29000 || has(self.metricsPort)",
         "message": "port 29000 is the default metricsPort: set metricsPort to another port",
+    }, {
+        "rule": "!has(self.mesh) || !has(self.mesh.port) || "
+                "((!has(self.port) || self.port != self.mesh.port) && "
+                "(!has(self.metricsPort) || self.metricsPort != self.mesh.port))",
+        "message": "mesh.port must differ from port and metricsPort",
     }]})
 
     enabled: bool | None = Field(
@@ -167,10 +188,10 @@ class Router(ApiModel):
         ge=1,
         le=16,
         description="Router pods (2: one can restart, be evicted or lose its node while "
-        "the other serves; a PodDisruptionBudget keeps one available). Each keeps its own "
-        "prefix tree, learned from the requests it routes (smg 1.13.0 shares no tree between "
-        "replicas), so a client's requests should reach the same router: the Service uses "
-        "ClientIP session affinity from 2.",
+        "the other serves; a PodDisruptionBudget keeps one available). With more than one "
+        "they share their prefix tree through smg's mesh (router.mesh), and the Service uses "
+        "ClientIP session affinity too (a client's turns meet the router that saw them even "
+        "before the mesh has gossiped them).",
     )
     max_stream_seconds: int = Field(
         default=600,
@@ -187,6 +208,10 @@ class Router(ApiModel):
         description="A stopping router pod keeps serving this long before smg is told to "
         "stop (a preStop sleep), so Endpoints, kube-proxy and the clients' connection pools "
         "drop it first and no new request reaches a router that refuses it.",
+    )
+    mesh: RouterMesh = Field(
+        default_factory=RouterMesh,
+        description="The router pods' mesh (on from 2 router pods): one shared prefix tree.",
     )
     overload: RouterOverload = Field(
         default_factory=RouterOverload,

@@ -66,7 +66,7 @@ from ..planner.placement import (
 )
 from ..planner.pod_security import Level, check_pod_security, resolve_level
 from ..planner.rollout import rollout_warnings
-from ..planner.router import RouterPlan, plan_router, router_warnings
+from ..planner.router import RouterPlan, plan_router, router_pod_labels, router_warnings
 from ..planner.security import check_security, granted_capabilities, security_warnings
 from ..planner.sizing import PodSizing, size_pod
 from ..planner.ssd import SsdLayout, plan_ssd
@@ -170,7 +170,8 @@ def plan(
         spec, ranks, ssd.capacity if ssd.enabled else 0, config, problems, page=page
     )
     check_page_size(spec, parsed.namespace, parsed.name, sizing, ssd, problems)
-    router = plan_router(spec, parsed.namespace, _engine_selector(parsed.name), sizing, problems)
+    router = plan_router(spec, parsed.namespace, _engine_selector(parsed.name), sizing, problems,
+                         router_pod_labels(parsed.name))
     engine = (
         plan_engine_env(
             spec, parsed.namespace, parsed.name, sizing, ssd, problems,

@@ -27,6 +27,11 @@ from .sizing import PodSizing
 ROUTER_APP_NAME = "sglang-hicache-router"
 
 
+def router_pod_labels(name: str) -> dict[str, str]:
+    """The router pods' selector (``BuildInput.router_selector``), which the mesh discovers."""
+    return {"app.kubernetes.io/name": ROUTER_APP_NAME, "app.kubernetes.io/instance": name}
+
+
 def router_enabled(spec: SGLangHiCacheSpec) -> bool:
     enabled = spec.router.enabled
     return spec.replicas > 1 if enabled is None else enabled
@@ -47,7 +52,7 @@ def _owned(arg: str) -> str:
 
 def plan_router(
     spec: SGLangHiCacheSpec, namespace: str, engine_selector: dict[str, str], pod: PodSizing,
-    problems: Problems,
+    problems: Problems, router_selector: dict[str, str] | None = None,
 ) -> RouterPlan | None:
     """The router's sizing and command line; ``None`` when it is off."""
     r = spec.router
@@ -87,11 +92,31 @@ def plan_router(
         "--health-failure-threshold", str(hc.failure_threshold),
         "--health-success-threshold", str(hc.success_threshold),
         *_load_guards(spec),
+        *_mesh(spec, router_selector),
         "--shutdown-grace-period-secs", str(shutdown_s),
         *r.extra_args,
     ]
     return RouterPlan(sizing=sizing, args=tuple(args), selector=dict(engine_selector),
                       termination_grace_s=grace_s)
+
+
+def mesh_enabled(spec: SGLangHiCacheSpec) -> bool:
+    enabled = spec.router.mesh.enabled
+    return spec.router.replicas > 1 if enabled is None else enabled
+
+
+def _mesh(spec: SGLangHiCacheSpec, router_selector: dict[str, str] | None) -> list[str]:
+    """smg's mesh between the router pods (measured, tests/e2e/test_router_mesh.py: follow-ups
+    sent to a second router reach the first one's choice 16/16 with it, at chance without; a
+    replaced router gets only what is routed after it joined). Each pod finds its peers with its pod watch (``--router-selector``: the router pods'
+    labels; the Role already allows it) and must name itself as its pod is named, or it counts
+    itself as a peer and shares nothing. ``$(POD_NAME)``/``$(POD_IP)`` are the kubelet's
+    expansion of the container's env (``builders.deployment``)."""
+    if not mesh_enabled(spec) or not router_selector:
+        return []
+    return ["--enable-mesh", "--mesh-server-name", "$(POD_NAME)", "--mesh-host", "0.0.0.0",
+            "--mesh-advertise-host", "$(POD_IP)", "--mesh-port", str(spec.router.mesh.port),
+            "--router-selector", *(f"{k}={v}" for k, v in sorted(router_selector.items()))]
 
 
 def _load_guards(spec: SGLangHiCacheSpec) -> list[str]:
