@@ -108,9 +108,10 @@ def mesh_enabled(spec: SGLangHiCacheSpec) -> bool:
 def _mesh(spec: SGLangHiCacheSpec, router_selector: dict[str, str] | None) -> list[str]:
     """smg's mesh between the router pods (measured, tests/e2e/test_router_mesh.py: follow-ups
     sent to a second router reach the first one's choice 16/16 with it, at chance without; a
-    replaced router gets only what is routed after it joined). Each pod finds its peers with its pod watch (``--router-selector``: the router pods'
-    labels; the Role already allows it) and must name itself as its pod is named, or it counts
-    itself as a peer and shares nothing. ``$(POD_NAME)``/``$(POD_IP)`` are the kubelet's
+    replaced router gets only what is routed after it joined). Each pod finds its peers with
+    its pod watch (``--router-selector``: the router pods' labels; the Role already allows
+    it) and must name itself as its pod is named, or it counts itself as a peer and shares
+    nothing. ``$(POD_NAME)``/``$(POD_IP)`` are the kubelet's
     expansion of the container's env (``builders.deployment``)."""
     if not mesh_enabled(spec) or not router_selector:
         return []
