@@ -40,7 +40,10 @@ MODEL = "/models/tiny-llama"  # the captured stand-in's model
 #: Rendered flags that belong to the pod, not to routing: dropped (value count).
 _POD_FLAGS = {"--host": 1, "--port": 1, "--prometheus-host": 1, "--prometheus-port": 1,
               "--service-discovery": 0, "--service-discovery-namespace": 1,
-              "--service-discovery-port": 1}
+              "--service-discovery-port": 1, "--enable-mesh": 0, "--mesh-server-name": 1,
+              "--mesh-host": 1, "--mesh-advertise-host": 1, "--mesh-port": 1}
+#: Flags followed by any number of values (up to the next flag).
+_LISTS = ("--selector", "--router-selector")
 #: The load rules the planner pins; without them smg runs its defaults.
 LOAD_RULE_FLAGS = {"--disable-worker-overload-protection": 0, "--worker-overload-protection": 0,
                    "--worker-overload-waiting-requests": 1, "--worker-overload-token-usage": 1,
@@ -73,13 +76,13 @@ class LoadResult:
 
 
 def drop_flags(args: list[str], flags: dict[str, int]) -> list[str]:
-    """``args`` without ``flags`` (each with its value count; ``--selector`` takes every value
-    up to the next flag)."""
+    """``args`` without ``flags`` (each with its value count) and the label selectors
+    (``_LISTS``: every value up to the next flag)."""
     out: list[str] = []
     i = 0
     while i < len(args):
         a = args[i]
-        if a == "--selector":
+        if a in _LISTS:
             i += 1
             while i < len(args) and not args[i].startswith("--"):
                 i += 1
@@ -93,8 +96,9 @@ def drop_flags(args: list[str], flags: dict[str, int]) -> list[str]:
 
 
 def routing_args(deployment: dict[str, Any]) -> list[str]:
-    """The router Deployment's arguments without what only the pod needs (its ports and
-    Kubernetes discovery): ``launch`` and every routing flag."""
+    """The router Deployment's arguments without what only the pod needs (its ports,
+    Kubernetes discovery and the mesh between router pods): ``launch`` and every routing
+    flag."""
     args = list(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
     return drop_flags(args, _POD_FLAGS)
 
