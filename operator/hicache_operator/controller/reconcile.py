@@ -73,7 +73,7 @@ class _CrState:
     failures: int = 0  # consecutive reconciles that hit API trouble
     children: ChildMemory = field(default_factory=ChildMemory)
     planner_failure: str = ""  # the unexpected planner error last logged (logged once)
-    freed: dict[str, str] = field(default_factory=dict)  # pods whose lost SSD claim went
+    freed: dict[str, str] = field(default_factory=dict)  # pod -> why its SSD claim was deleted
 
 
 def _claim_template(body: Mapping[str, Any]) -> Mapping[str, Any]:
