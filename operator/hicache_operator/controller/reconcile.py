@@ -45,7 +45,6 @@ COMPONENT_LABEL = "app.kubernetes.io/component"
 APP_NAME = "sglang-hicache"
 SSD_CLAIM_COMPONENT = "cache"  # the component label of the SSD volumeClaimTemplates
 # A CR that sets this (spec.l3.ssd.volume.claimTemplate.<field>) has its SSD PVCs deleted with it.
-DELETE_VOLUMES_FIELD = "deleteWithResource"
 # Reconciles in flight at once: 200 CRs created together otherwise hold 200 plans, request
 # bodies and responses in memory at the same time (peak RSS), for no throughput gain on an
 # operator that is CPU-bound in one process.
@@ -75,16 +74,6 @@ class _CrState:
     children: ChildMemory = field(default_factory=ChildMemory)
     planner_failure: str = ""  # the unexpected planner error last logged (logged once)
     freed: dict[str, str] = field(default_factory=dict)  # pod -> why its SSD claim was deleted
-
-
-def _claim_template(body: Mapping[str, Any]) -> Mapping[str, Any]:
-    spec = body.get("spec") or {}
-    ssd = ((spec.get("l3") or {}).get("ssd") or {})
-    return ((ssd.get("volume") or {}).get("claimTemplate") or {})
-
-
-def delete_volumes_with_cr(body: Mapping[str, Any]) -> bool:
-    return bool(_claim_template(body).get(DELETE_VOLUMES_FIELD, False))
 
 
 def instance_selector(name: str) -> str:
