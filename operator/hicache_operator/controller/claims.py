@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..planner.claim_rebind import Stranded, bound_volumes, stranded
-from ..planner.ssd import SSD_VOLUME
 from . import metrics
 from .kube import KubeClient
 from .transitions import Event
@@ -47,11 +46,21 @@ async def check_claims(kube: KubeClient, namespace: str, planned: Any,
     """The plan's SSD claims (``claimTemplate`` only) checked, due ones freed. ``freed`` (the
     CR's memory, updated) keeps a freed pod in the Degraded condition until it is Ready again;
     the Event says it for good."""
-    if planned is None or planned.ssd.claim_template is None:
+    if planned is None or not planned.ssd.claim_templates:
         return ClaimCheck()
-    template = planned.spec.l3.ssd.volume.claim_template
-    out = await _check(kube, namespace, pods, pvcs, SSD_VOLUME,
-                       int(template.rebind_after_seconds), time.time())
+    out = ClaimCheck()
+    now = time.time()
+    # Drive i of the plan is drive i of the spec (planner.ssd keeps their order).
+    for drive, volume in zip(planned.ssd.drives, planned.spec.l3.ssd.drive_volumes(),
+                             strict=True):
+        if drive.claim_template is None or volume.claim_template is None:
+            continue
+        one = await _check(kube, namespace, pods, pvcs, drive.name,
+                           int(volume.claim_template.rebind_after_seconds), now)
+        out.issues += one.issues
+        out.events += one.events
+        out.writes += one.writes
+        out.freed.update(one.freed)
     ready = {p["metadata"]["name"] for p in pods if any(
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in (p.get("status") or {}).get("conditions") or [])}
