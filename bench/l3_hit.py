@@ -12,7 +12,7 @@ In one run:
 3. every prompt again: each must come from storage (``cached_tokens_details.storage``, counted).
 
 The engine runs with the test-only measurement harness (``hicache_cpu_engine.l3trace``, SGLang's
-plugin hooks; ``HICACHE_CPU_ENGINE_L3_TRACE``), whose time line per request id splits every
+plugin hooks; ``CPU_ENGINE_L3_TRACE``), whose time line per request id splits every
 storage hit into: tokenizer -> scheduler, the hit query (our ``batch_exists``) and its rank sync,
 the wait for the scheduler to allocate the host bounce, the transfer thread (our ``batch_get_v1``),
 the progress acks, the scheduler's admission polls, the insert and L2 -> L1 load, the forward pass
@@ -44,7 +44,7 @@ from pod.node import Node  # noqa: E402
 
 LENGTHS = (1024, 2048, 3500)
 PAGE = 32
-TRACE_ENV = "HICACHE_CPU_ENGINE_L3_TRACE"
+TRACE_ENV = "CPU_ENGINE_L3_TRACE"
 
 
 def make_prompts(model_dir: Path, per_length: int) -> dict[int, list[str]]:

@@ -1,6 +1,6 @@
 """Measurement harness (test support): where the time of one L3 hit goes in real SGLang 0.5.23.
 
-Active only when ``HICACHE_CPU_ENGINE_L3_TRACE`` names a directory. Wraps, at run time through
+Active only when ``CPU_ENGINE_L3_TRACE`` names a directory. Wraps, at run time through
 SGLang's own plugin hook registry (no file of SGLang is changed), the methods an L3 hit passes
 through, and appends one JSON line per call edge to ``<dir>/l3trace-<pid>.jsonl``:
 
@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-ENV = "HICACHE_CPU_ENGINE_L3_TRACE"
+ENV = "CPU_ENGINE_L3_TRACE"
 
 CC = "sglang.srt.managers.cache_controller.HiCacheController"
 HCC = "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller.HybridCacheController"

@@ -53,7 +53,7 @@ def plugin() -> None:
                 setattr(module, op, getattr(kvcacheio, op))
     HookRegistry.register(HOST_POOL_INIT, _unpinned_host_pool, HookType.AROUND)
     HookRegistry.register(PARALLEL_GROUP, _gloo_only_group, HookType.AROUND)
-    l3trace.register(HookRegistry, HookType.AROUND)  # only with HICACHE_CPU_ENGINE_L3_TRACE set
+    l3trace.register(HookRegistry, HookType.AROUND)  # only with CPU_ENGINE_L3_TRACE set
     HookRegistry.apply_hooks()
     _applied = True
     log.info("hicache_cpu_engine: CPU HiCache support active (unpinned host pools, torch KV ops)")
