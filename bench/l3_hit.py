@@ -42,9 +42,13 @@ sys.path.insert(0, str(ROOT / "tests"))
 from pod.harness import Client, admin_config, load_cr, make_image, plan_pod, start_pod  # noqa: E402
 from pod.node import Node  # noqa: E402
 
-LENGTHS = (1024, 2048, 3500)
+LENGTHS = (256, 512, 1024, 2048, 3500)
 PAGE = 32
 TRACE_ENV = "CPU_ENGINE_L3_TRACE"
+#: SGLang's CPU torch_native extend computes the cached prefix's attention again
+#: (hicache_cpu_engine.tail_attention); BENCH_L3_TAIL_ATTENTION=0 measures it as it is.
+TAIL_ENV = "CPU_ENGINE_TAIL_ATTENTION"
+RIDLESS = ("batch_exists", "batch_get_v1", "load_l2_l1", "start_loading")
 
 
 def make_prompts(model_dir: Path, per_length: int) -> dict[int, list[str]]:
@@ -83,7 +87,8 @@ def read_trace(trace_dir: Path) -> dict[str, list[dict[str, Any]]]:
     for f in trace_dir.glob("l3trace-*.jsonl"):
         for line in f.read_text().splitlines():
             ev = json.loads(line)
-            for rid in ev.get("rids") or [ev.get("rid")]:
+            rids = ev.get("rids") or ev.get("rid")
+            for rid in rids if isinstance(rids, list) else [rids]:
                 if isinstance(rid, str):
                     by_rid[rid].append(ev)
     for evs in by_rid.values():
@@ -153,6 +158,9 @@ def split_hit(evs: list[dict[str, Any]], adapter: list[dict[str, Any]], sent: fl
         "acks_reduced": ms("x1", "ack"),
         "scheduler_sees_done": ms("ack", "done") if v["done"] >= v["ack"] else 0.0,
         "insert_load_schedule": ms("done", "f0"),
+        "l2_to_l1_load_until_forward_end": round(
+            (_inside(adapter, "load_l2_l1", v["done"], v["f1"])
+             + _inside(adapter, "start_loading", v["done"], v["f1"])) * 1000, 2),
         "forward_uncached_tail": ms("f0", "f1"),
         "result_and_back_to_client": round((sent + ttft - v["f1"]) * 1000, 2),
         "total_ttft": round(ttft * 1000, 2),
@@ -193,6 +201,8 @@ def run() -> dict[str, Any]:
     hits: dict[int, list[tuple[str, float, float, dict[str, Any]]]] = defaultdict(list)
     with Node(root / "node") as node:
         cr = load_cr("cpu/tiny-llama-standalone.yaml", **{"spec.engine.pageSize": PAGE})
+        cr["spec"]["engine"]["env"].append(
+            {"name": TAIL_ENV, "value": os.environ.get("BENCH_L3_TAIL_ATTENTION", "1")})
         planned = plan_pod(cr, admin_config(node))
         tpl = planned.statefulset["spec"]["template"]["spec"]
         engine_spec = next(c for c in tpl["containers"] if c["name"] == "engine")
@@ -209,6 +219,9 @@ def run() -> dict[str, Any]:
                     rid = f"cold-{length}-{i}"
                     lat, _, sent = generate(port, text, rid)
                     cold[length].append((rid, lat, sent))
+            # write_back: a prompt reaches L2 (then L3) when pushed out of the 4096-token
+            # device pool; other text of the longest length pushes the last ones out.
+            generate(port, " ".join(f"push{j} out text" for j in range(260)), "push-out")
             c.wait_backups_in_l3()
             engine = pod.container("engine")
             before = engine.restarts
@@ -225,12 +238,22 @@ def run() -> dict[str, Any]:
             adapter = sorted((e for f in (pod.volume_host_path("hicache-run") / "l3trace")
                               .glob("l3trace-*.jsonl") for e in map(json.loads,
                                                                      f.read_text().splitlines())
-                              if e["ev"].startswith(("batch_exists", "batch_get_v1"))),
-                             key=lambda e: e["t"])
+                              if e["ev"].startswith(RIDLESS)), key=lambda e: e["t"])
         finally:
             pod.close()
+    keep = os.environ.get("BENCH_L3_KEEP")  # raw time lines, to read again (see load_kept)
+    if keep:
+        Path(keep).write_text(json.dumps({"cold": cold, "hits": hits, "trace": trace,
+                                          "adapter": adapter}))
     shutil.rmtree(root, ignore_errors=True)
     return summarize(cold, hits, trace, adapter)
+
+
+def load_kept(path: str) -> dict[str, Any]:
+    """``summarize`` of a run kept with ``BENCH_L3_KEEP`` (``python bench/l3_hit.py FILE``)."""
+    raw = json.loads(Path(path).read_text())
+    as_int = lambda d: {int(k): [tuple(x) for x in v] for k, v in d.items()}  # noqa: E731
+    return summarize(as_int(raw["cold"]), as_int(raw["hits"]), raw["trace"], raw["adapter"])
 
 
 def summarize(cold: dict[int, list[tuple[str, float, float]]],
@@ -253,8 +276,11 @@ def summarize(cold: dict[int, list[tuple[str, float, float]]],
         result["ttft_storage_hit_s"][length] = round(h_lat, 4)
         result["storage_tokens"][length] = storage
         result["prompt_tokens"][length] = [m["prompt_tokens"] for *_, m in hits[length]]
+        # A hit whose prefetch did not run whole (the policy's deadline, a miss) has no full
+        # time line: it shows in storage_tokens, not in the breakdown.
         result["breakdown_ms"][length] = medians(
-            [split_hit(trace[rid], adapter, sent, lat) for rid, lat, sent, _ in hits[length]])
+            [split_hit(trace[rid], adapter, sent, lat) for rid, lat, sent, m in hits[length]
+             if (m.get("cached_tokens_details") or {}).get("storage")])
         result["cold_breakdown_ms"][length] = medians(
             [split_cold(trace[rid], sent, lat) for rid, lat, sent in cold[length]])
     result["all_prompts_whole_from_storage"] = all_from_storage
@@ -262,9 +288,12 @@ def summarize(cold: dict[int, list[tuple[str, float, float]]],
 
 
 def main() -> None:
-    if os.geteuid() != 0:
+    if len(sys.argv) == 2:
+        result = load_kept(sys.argv[1])
+    elif os.geteuid() != 0:
         sys.exit("bench/l3_hit.py runs a pod like the pod tier: it needs root")
-    result = run()
+    else:
+        result = run()
     for length in LENGTHS:
         print(f"{length} tokens: cold {result['ttft_cold_s'][length]:.3f} s, storage hit "
               f"{result['ttft_storage_hit_s'][length]:.3f} s "
