@@ -48,7 +48,8 @@ TRACE_ENV = "CPU_ENGINE_L3_TRACE"
 #: SGLang's CPU torch_native extend computes the cached prefix's attention again
 #: (hicache_cpu_engine.tail_attention); BENCH_L3_TAIL_ATTENTION=0 measures it as it is.
 TAIL_ENV = "CPU_ENGINE_TAIL_ATTENTION"
-RIDLESS = ("batch_exists", "batch_get_v1", "load_l2_l1", "start_loading")
+RIDLESS = ("batch_exists", "batch_get_v1", "load_l2_l1", "start_loading", "prepare_transfers",
+           "h2d_copy")
 
 
 def make_prompts(model_dir: Path, per_length: int) -> dict[int, list[str]]:
@@ -161,6 +162,10 @@ def split_hit(evs: list[dict[str, Any]], adapter: list[dict[str, Any]], sent: fl
         "l2_to_l1_load_until_forward_end": round(
             (_inside(adapter, "load_l2_l1", v["done"], v["f1"])
              + _inside(adapter, "start_loading", v["done"], v["f1"])) * 1000, 2),
+        "l2_to_l1_of_which_h2d_copies": round(
+            _inside(adapter, "h2d_copy", v["done"], v["f1"]) * 1000, 2),
+        "l2_to_l1_of_which_prepare": round(
+            _inside(adapter, "prepare_transfers", v["done"], v["f1"]) * 1000, 2),
         "forward_uncached_tail": ms("f0", "f1"),
         "result_and_back_to_client": round((sent + ttft - v["f1"]) * 1000, 2),
         "total_ttft": round(ttft * 1000, 2),

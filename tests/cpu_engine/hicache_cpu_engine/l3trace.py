@@ -35,6 +35,8 @@ HCC = "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller.HybridCacheCont
 URC = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache"
 SCHED = "sglang.srt.managers.scheduler.Scheduler"
 ADAPTER = "hicache_umbp.sglang.adapter.UMBPHiCacheStorage"
+L2T = "sglang.srt.mem_cache.l2_transfer.L2TransferEngine"
+HOST = "sglang.srt.mem_cache.pool_host.base.HostKVCache"
 
 _lock = threading.Lock()
 _out: Any = None
@@ -132,6 +134,9 @@ def targets() -> dict[str, Callable[..., Any]]:
         f"{HCC}._reduce_prefetch_ack": _ack,
         f"{HCC}.load": _span("load_l2_l1", lambda *a, **k: None),
         f"{CC}.start_loading": _span("start_loading", lambda *a, **k: None),
+        # inside start_loading: index preparation, then the per-layer host -> device copies
+        f"{L2T}._prepare_transfers": _span("prepare_transfers", lambda *a, **k: None),
+        f"{HOST}.load_to_device_per_layer_physical": _span("h2d_copy", lambda *a, **k: None),
         f"{URC}.check_prefetch_progress": _poll,
         f"{URC}._handle_prefetch_result": _span("insert_host", first),
         f"{ADAPTER}.batch_exists": _pages,
