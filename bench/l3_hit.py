@@ -5,11 +5,13 @@ mori 1.2.4 in standalone sidecars, real hugepages and memory cgroups), with the 
 was seen with (hicache_cpu_engine.tiny_model kind ``llama3``: 3 layers, 2 KV heads) and page 32.
 In one run:
 
-1. a warm-up request, then ``BENCH_L3_PER_LENGTH`` distinct prompts of each length, cold (one
-   generated token: the latency is the time to the first token);
+1. a warm-up request, then ``BENCH_L3_PER_LENGTH`` distinct prompts of each length, written to
+   L3 (SGLang's write-back: pushed out of the device pool, then backed up);
 2. wait, by counting, until every token backed up to L2 reached L3, restart the engine container
    (the L3 sidecars outlive it), a warm-up request of other text;
-3. every prompt again: each must come from storage (``cached_tokens_details.storage``, counted).
+3. per prompt, interleaved: a never-seen prompt of the same length (cold: recomputed whole,
+   ``cached_tokens`` 0), then the stored prompt, which must come from storage
+   (``cached_tokens_details.storage``, counted). One generated token: the latency is the TTFT.
 
 The engine runs with the test-only measurement harness (``hicache_cpu_engine.l3trace``, SGLang's
 plugin hooks; ``CPU_ENGINE_L3_TRACE``), whose time line per request id splits every
@@ -199,7 +201,12 @@ def run() -> dict[str, Any]:
     models = root / "models"
     make_model(models / "tiny-llama", "llama3")
     os.chmod(models, 0o755)
-    prompts = make_prompts(models / "tiny-llama", per_length)
+    # The first half of each length is written before the restart and served from storage
+    # after it; the second half is never seen before it and is the cold baseline there,
+    # interleaved with the hits so both see the same machine (2 shared cores, other jobs).
+    both = make_prompts(models / "tiny-llama", 2 * per_length)
+    prompts = {n: texts[:per_length] for n, texts in both.items()}
+    fresh = {n: texts[per_length:] for n, texts in both.items()}
     image = make_image(root / "image")
     (root / "node").mkdir()
     cold: dict[int, list[tuple[str, float, float]]] = defaultdict(list)
@@ -221,9 +228,7 @@ def run() -> dict[str, Any]:
             generate(port, "warm up " * 40, "warmup-0")
             for length, texts in prompts.items():
                 for i, text in enumerate(texts):
-                    rid = f"cold-{length}-{i}"
-                    lat, _, sent = generate(port, text, rid)
-                    cold[length].append((rid, lat, sent))
+                    generate(port, text, f"write-{length}-{i}")
             # write_back: a prompt reaches L2 (then L3) when pushed out of the 4096-token
             # device pool; other text of the longest length pushes the last ones out.
             generate(port, " ".join(f"push{j} out text" for j in range(260)), "push-out")
@@ -236,6 +241,10 @@ def run() -> dict[str, Any]:
             generate(port, "another warm up " * 40, "warmup-1")
             for length, texts in prompts.items():
                 for i, text in enumerate(texts):
+                    rid = f"cold-{length}-{i}"
+                    lat, meta, sent = generate(port, fresh[length][i], rid)
+                    assert meta["cached_tokens"] == 0, meta  # never seen: recomputed whole
+                    cold[length].append((rid, lat, sent))
                     rid = f"hit-{length}-{i}"
                     lat, meta, sent = generate(port, text, rid)
                     hits[length].append((rid, lat, sent, meta))
