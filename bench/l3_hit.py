@@ -278,7 +278,7 @@ def summarize(cold: dict[int, list[tuple[str, float, float]]],
                               "storage_tokens": {}, "prompt_tokens": {}, "breakdown_ms": {},
                               "cold_breakdown_ms": {}}
     all_from_storage = True
-    for length in LENGTHS:
+    for length in sorted(hits):  # LENGTHS, or those of a kept run
         c_lat = statistics.median(lat for _, lat, _ in cold[length])
         h_lat = statistics.median(lat for _, lat, _, _ in hits[length])
         storage = [(m.get("cached_tokens_details") or {}).get("storage", 0)
@@ -308,7 +308,7 @@ def main() -> None:
         sys.exit("bench/l3_hit.py runs a pod like the pod tier: it needs root")
     else:
         result = run()
-    for length in LENGTHS:
+    for length in result["ratio_by_tokens"]:
         print(f"{length} tokens: cold {result['ttft_cold_s'][length]:.3f} s, storage hit "
               f"{result['ttft_storage_hit_s'][length]:.3f} s "
               f"(x{result['ratio_by_tokens'][length]}), storage tokens "

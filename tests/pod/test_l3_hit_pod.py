@@ -25,9 +25,9 @@ from .test_restart_pod import restart_engine
 pytestmark = pytest.mark.pod
 
 PAGE = 32
-#: Words of each prompt: ~1k, ~2k and ~3.5k tokens with the tiny model's tokenizer (each
-#: "lN wJ cache" is about 14 tokens), under its 4096-token context.
-WORDS = (75, 150, 245)
+#: Words of each prompt: ~1.1k, ~1.9k and ~3.5k tokens with the tiny model's tokenizer (each
+#: "lN wJ cache" is about 9 tokens), under its 4096-token context.
+WORDS = (120, 230, 362)
 
 
 def prompt(words: int) -> str:
@@ -49,11 +49,15 @@ def test_long_prompts_come_whole_from_storage_after_an_engine_restart(
         extra = json.loads(argv[argv.index("--hicache-storage-backend-extra-config") + 1])
         assert policy == PREFETCH_POLICY, argv
         assert extra["prefetch_threshold"] == PREFETCH_THRESHOLD, extra
-        assert all(w * 14 > PREFETCH_THRESHOLD for w in WORDS)  # every prompt is prefetched
+        assert all(w * 7 > PREFETCH_THRESHOLD for w in WORDS)  # every prompt is prefetched
         c.generate("a warm-up request " * 20, max_new_tokens=1)
         texts = [prompt(w) for w in WORDS]
         cold = [c.generate(t, max_new_tokens=1) for t in texts]
         assert [o["meta_info"]["cached_tokens"] for o in cold] == [0, 0, 0]
+        # write_back: a prompt reaches L2 (then L3) when pushed out of the 4,096-token device
+        # pool: two other texts of the longest length push all three out.
+        for other in ("other", "filler"):
+            c.generate(prompt(WORDS[-1]).replace("cache", other), max_new_tokens=1)
         c.wait_backups_in_l3()
         restart_engine(pod)
         c.generate("another warm-up request " * 20, max_new_tokens=1)
