@@ -21,6 +21,7 @@ from hicache_umbp.contract.settings import PREFETCH_POLICY, PREFETCH_THRESHOLD
 
 from .harness import load_cr, running_pod
 from .test_restart_pod import restart_engine
+from .test_serving_pod import fillers
 
 pytestmark = pytest.mark.pod
 
@@ -55,9 +56,9 @@ def test_long_prompts_come_whole_from_storage_after_an_engine_restart(
         cold = [c.generate(t, max_new_tokens=1) for t in texts]
         assert [o["meta_info"]["cached_tokens"] for o in cold] == [0, 0, 0]
         # write_back: a prompt reaches L2 (then L3) when pushed out of the 4,096-token device
-        # pool: two other texts of the longest length push all three out.
-        for other in ("other", "filler"):
-            c.generate(prompt(WORDS[-1]).replace("cache", other), max_new_tokens=1)
+        # pool; other text pushes the last ones out (as test_restart_pod.py does).
+        for text in fillers(4):
+            c.generate(text, max_new_tokens=1)
         c.wait_backups_in_l3()
         restart_engine(pod)
         c.generate("another warm-up request " * 20, max_new_tokens=1)
