@@ -9,7 +9,7 @@ EXAMPLE ?= examples/deepseek-r1-mi355x.yaml
 
 .PHONY: help venv demo test lint test-unit test-mori test-sglang test-pod test-e2e test-chart \
         engine-env pod-node-tools chart-tools router-env bench-router bench-l3 bench-host-pool bench-plan bench-sglang \
-        bench-backends bench-ssd bench-pod bench-rollout bench-reconcile bench-router-load bench-sidecar-slots bench-soak bench-trace render-chart crd env-doc clean
+        bench-backends bench-ssd bench-pod bench-l3-hit bench-rollout bench-reconcile bench-router-load bench-sidecar-slots bench-soak bench-trace render-chart crd env-doc clean
 
 help:
 	@echo "make demo   - plan an example SGLangHiCache CR and show what the operator would create"
@@ -101,6 +101,10 @@ bench-ssd: engine-env
 
 bench-pod: engine-env pod-node-tools
 	$(ENGINE_PY) bench/pod.py
+
+# Where the time of one L3 hit goes, and storage-hit TTFT vs cold by prompt length (root).
+bench-l3-hit: engine-env pod-node-tools
+	$(ENGINE_PY) bench/l3_hit.py
 
 # An engine-only rollout in place vs by replacing the pod, on a served pod with a warm L3 (root).
 bench-rollout: engine-env pod-node-tools

@@ -369,6 +369,32 @@ def test_get_stats_returns_storage_metrics_with_umbp_counters() -> None:
     assert again.backup_pgs == [] and again.umbp["pages_set"] == 4
 
 
+def test_get_stats_on_every_scheduler_step_walks_the_store_counters_twice_a_second(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang calls get_stats on each scheduler step, also while a request spins waiting for its
+    prefetch (docs/performance.md, "One L3 hit"): the samples drain each time, the store's
+    counters (every tier's, under their locks) at most every STATS_REFRESH_S."""
+    from hicache_umbp.sglang import adapter
+
+    backend, host, _ = make_backend(enable_storage_metrics=True)
+    walks: list[int] = []
+    real = backend.umbp_stats
+
+    def counted() -> dict[str, Any]:
+        walks.append(1)
+        return real()
+
+    monkeypatch.setattr(backend, "umbp_stats", counted)
+    idx = host.alloc(2 * E.PAGE)
+    backend.batch_set_v1(hashes(2), idx)
+    steps = [backend.get_stats() for _ in range(200)]
+    assert len(walks) == 1 and steps[0].backup_pgs == [2] and steps[1].backup_pgs == []
+    assert steps[-1].umbp["pages_set"] == 2
+    monkeypatch.setattr(adapter, "STATS_REFRESH_S", 0.0)
+    backend.batch_set_v1(hashes(1, seed=5), host.alloc(E.PAGE))
+    assert backend.get_stats().umbp["pages_set"] == 3 and len(walks) == 2
+
+
 def test_hybrid_sidecar_pools_are_refused_at_attach() -> None:
     from sglang.srt.mem_cache.hicache_storage import PoolName
 

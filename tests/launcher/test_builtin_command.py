@@ -13,6 +13,12 @@ from collections.abc import Iterator
 
 import pytest
 from hicache_umbp.contract.builtin import PREFAULT_THREADS_REFUSAL, SSD_REFUSAL
+from hicache_umbp.contract.settings import (
+    PREFETCH_POLICY,
+    PREFETCH_THRESHOLD,
+    PREFETCH_TIMEOUT_BASE_S,
+    PREFETCH_TIMEOUT_PER_KI_S,
+)
 from hicache_umbp.launch.builtin import scheduler_numa_env
 from hicache_umbp.launch.errors import LaunchError
 from hicache_umbp.launch.noderoot import NodeRoot
@@ -33,6 +39,14 @@ def _plan(node: FakeNode, **env: object):
 def _storage_args(argv: tuple[str, ...]) -> tuple[str, dict[str, object]]:
     backend = argv[argv.index("--hicache-storage-backend") + 1]
     extra = json.loads(argv[argv.index("--hicache-storage-backend-extra-config") + 1])
+    # SGLang's own prefetch keys reach the built-in backend's extra-config too (SGLang pops
+    # them before the backend sees it): the contract's defaults here.
+    prefetch = {k: extra.pop(k) for k in ("prefetch_threshold", "prefetch_timeout_base",
+                                          "prefetch_timeout_per_ki_token")}
+    assert prefetch == {"prefetch_threshold": PREFETCH_THRESHOLD,
+                        "prefetch_timeout_base": PREFETCH_TIMEOUT_BASE_S,
+                        "prefetch_timeout_per_ki_token": PREFETCH_TIMEOUT_PER_KI_S}
+    assert argv[argv.index("--hicache-storage-prefetch-policy") + 1] == PREFETCH_POLICY
     return backend, extra
 
 

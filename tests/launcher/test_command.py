@@ -31,7 +31,9 @@ def test_exact_command_and_env_for_eight_gpus_on_two_numa_nodes(mi355x: FakeNode
         '{"backend_name":"umbp","module_path":"hicache_umbp.sglang_adapter",'
         '"class_name":"UMBPHiCacheStorage","interface_v1":1,'
         '"umbp_dram_bytes":68719476736,"umbp_local_ranks":8,"umbp_namespace":"team-a/r1",'
-        '"host_numa":[0,0,0,0,1,1,1,1],"umbp_dram_numa":[0,0,0,0,1,1,1,1]}'
+        '"host_numa":[0,0,0,0,1,1,1,1],"umbp_dram_numa":[0,0,0,0,1,1,1,1],'
+        # SGLang's own prefetch keys (it pops them before the store sees the object)
+        '"prefetch_threshold":256,"prefetch_timeout_base":1.0,"prefetch_timeout_per_ki_token":0.25}'
     )
     assert plan.command.argv == (
         sys.executable, "-m", "hicache_umbp.serve",
@@ -39,7 +41,8 @@ def test_exact_command_and_env_for_eight_gpus_on_two_numa_nodes(mi355x: FakeNode
         "--tp-size", "8", "--page-size", "64", "--enable-hierarchical-cache",
         "--hicache-size", "214",  # 200 GiB = 214.7 GB, rounded down to whole GB
         "--hicache-mem-layout", "page_first", "--hicache-write-policy", "write_back",
-        "--hicache-io-backend", "kernel", "--hicache-storage-backend", "dynamic",
+        "--hicache-io-backend", "kernel", "--hicache-storage-prefetch-policy", "timeout",
+        "--hicache-storage-backend", "dynamic",
         "--hicache-storage-backend-extra-config", extra,
         "--mem-fraction-static", "0.85",
     )

@@ -35,7 +35,9 @@ def test_builtin_embedded_renders_sglangs_flag_and_only_the_keys_it_reads() -> N
     argv = p.engine.sglang_argv
     assert argv[argv.index("--hicache-storage-backend") + 1] == "mori"
     assert argv[argv.index("--hicache-storage-backend-extra-config") + 1] == (
-        '{"ssd_enabled":false,"dram_capacity_bytes":1073741824}')
+        # SGLang's prefetch keys: it reads them from every backend's extra-config
+        '{"ssd_enabled":false,"dram_capacity_bytes":1073741824,"prefetch_threshold":256,'
+        '"prefetch_timeout_base":1.0,"prefetch_timeout_per_ki_token":0.25}')
     cfg = load_launch_config(env)  # the pod reads back what was rendered
     assert cfg.l3_backend == "sglang-mori" and cfg.store.umbp_dram_bytes == (1 << 30,)
 
@@ -58,7 +60,8 @@ def test_builtin_standalone_uses_the_dram_sidecar() -> None:
     assert env["HICACHE_UMBP_SOCKET_DIR"] == "/var/run/umbp"
     argv = p.engine.sglang_argv
     assert argv[argv.index("--hicache-storage-backend-extra-config") + 1] == (
-        '{"ssd_enabled":false}')
+        '{"ssd_enabled":false,"prefetch_threshold":256,'
+        '"prefetch_timeout_base":1.0,"prefetch_timeout_per_ki_token":0.25}')
     assert not any("MLA" in w for w in p.warnings)
 
 

@@ -71,6 +71,11 @@ MAX_PAGE_TOKENS = 4096
 MAX_HOST_POOL_RATIO = 100.0
 #: Lowest port a non-root engine (uid 10001, no CAP_NET_BIND_SERVICE) can listen on.
 MIN_UNPRIVILEGED_PORT = 1024
+#: SGLang L3 prefetch defaults, from bench/l3_hit.py (docs/performance.md, "One L3 hit").
+PREFETCH_POLICY = "timeout"
+PREFETCH_THRESHOLD = 256
+PREFETCH_TIMEOUT_BASE_S = 1.0
+PREFETCH_TIMEOUT_PER_KI_S = 0.25
 #: Default staging slot (largest page part) of an SSD node / the umbp-ssd sidecar.
 SSD_SLOT_BYTES_DEFAULT = 8 * MIB
 
@@ -263,6 +268,21 @@ SETTINGS: tuple[Setting, ...] = (
        choices=("write_back", "write_through", "write_through_selective"), scope="launch"),
     _s("io_backend", "enum", "kernel", "SGLang --hicache-io-backend.",
        choices=("kernel", "direct"), scope="launch"),
+    # SGLang's L3 prefetch (its own keys: the flag and HybridCacheController's extra-config
+    # keys); defaults measured with bench/l3_hit.py (docs/performance.md, "One L3 hit").
+    _s("prefetch_policy", "enum", PREFETCH_POLICY, "SGLang --hicache-storage-prefetch-policy: "
+       "when a request waiting for an L3 prefetch is admitted.",
+       choices=("best_effort", "wait_complete", "timeout"), scope="launch"),
+    _s("prefetch_threshold", "int", PREFETCH_THRESHOLD, "SGLang's extra-config "
+       "prefetch_threshold: L3 prefetches of fewer tokens are not made (recomputing is faster).",
+       minimum=0, maximum=1 << 20, scope="launch"),
+    _s("prefetch_timeout_base", "float", PREFETCH_TIMEOUT_BASE_S, "SGLang's extra-config "
+       "prefetch_timeout_base: seconds a request waits for its prefetch (timeout policy), plus "
+       "prefetch_timeout_per_ki_token per 1024 tokens.", minimum=0.0, maximum=3600.0,
+       scope="launch"),
+    _s("prefetch_timeout_per_ki_token", "float", PREFETCH_TIMEOUT_PER_KI_S, "SGLang's "
+       "extra-config prefetch_timeout_per_ki_token (seconds per 1024 prefetched tokens).",
+       minimum=0.0, maximum=3600.0, scope="launch"),
     _s("host_pool_bytes", "rank_bytes", 0, "Host KV pool per rank in bytes (rendered to "
        "--hicache-size); 0 uses host_pool_ratio.", minimum=0, maximum=MAX_MEMORY_BYTES,
        scope="launch"),
@@ -398,6 +418,10 @@ class LaunchConfig:
     mem_layout: str
     write_policy: str
     io_backend: str
+    prefetch_policy: str
+    prefetch_threshold: int
+    prefetch_timeout_base: float
+    prefetch_timeout_per_ki_token: float
     host_pool_bytes: tuple[int, ...]
     host_pool_ratio: float
     numa_policy: str

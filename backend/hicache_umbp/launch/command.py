@@ -180,9 +180,14 @@ def render_command(
         backend, extra = BACKEND_FLAG_VALUE, builtin_extra_config(cfg)
     else:
         backend, extra = "dynamic", store_extra_config(cfg, resolved)
+    # SGLang pops its prefetch keys from any backend's extra-config (built-in or dynamic).
+    extra.update(prefetch_threshold=cfg.prefetch_threshold,
+                 prefetch_timeout_base=cfg.prefetch_timeout_base,
+                 prefetch_timeout_per_ki_token=cfg.prefetch_timeout_per_ki_token)
     argv += ["--hicache-mem-layout", cfg.mem_layout,
              "--hicache-write-policy", cfg.write_policy,
              "--hicache-io-backend", cfg.io_backend,
+             "--hicache-storage-prefetch-policy", cfg.prefetch_policy,
              "--hicache-storage-backend", backend,
              "--hicache-storage-backend-extra-config",
              json.dumps(extra, sort_keys=False, separators=(",", ":")),

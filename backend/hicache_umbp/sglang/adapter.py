@@ -68,6 +68,8 @@ from .storage_stats import StorageSamples, merged_store_stats
 log = logging.getLogger(__name__)
 
 SUPPORTED_LAYOUTS = ("page_first", "page_first_direct", "page_head")
+#: Seconds between refreshes of the store's cumulative counters in :meth:`get_stats`.
+STATS_REFRESH_S = 0.5
 
 
 # ----------------------------------------------------------------------------- the backend
@@ -105,6 +107,8 @@ class UMBPHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # sglang is unt
         self.mem_pool_host: Any = None
         self._plan: PointerPlan | None = None
         self._store_metrics = StoreMetrics(self.position.local_rank)
+        self._umbp: dict[str, Any] | None = None  # get_stats' last refresh, and when
+        self._umbp_at = 0.0
         if not self.interface_v1:
             log.warning(
                 "UMBPHiCacheStorage loaded without interface_v1: SGLang will use the per-page "
@@ -394,10 +398,19 @@ class UMBPHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # sglang is unt
 
     def get_stats(self) -> Any:
         """SGLang's ``StorageMetrics`` (per-batch samples since the last call) plus ``umbp``:
-        the store's cumulative counters (hits, misses, bytes, failures) as a dict."""
+        the store's cumulative counters (hits, misses, bytes, failures) as a dict.
+
+        SGLang 0.5.23 calls this on every scheduler step (``check_hicache_events``), also while
+        a request spins waiting for its prefetch: the counters and their Prometheus families are
+        refreshed at most every ``STATS_REFRESH_S`` (scrapes are seconds apart), so a step
+        costs the samples' drain, not a walk of every tier's counters under their locks.
+        """
         metrics = self._samples.drain()
-        metrics.umbp = self.umbp_stats()
-        self._store_metrics.update(metrics.umbp)
+        now = time.monotonic()
+        if self._umbp is None or now - self._umbp_at >= STATS_REFRESH_S:
+            self._umbp, self._umbp_at = self.umbp_stats(), now
+            self._store_metrics.update(self._umbp)
+        metrics.umbp = self._umbp
         return metrics
 
     def umbp_stats(self) -> dict[str, Any]:

@@ -217,6 +217,25 @@ class HostAllocator(ApiModel):
     )
 
 
+class Prefetch(ApiModel):
+    """SGLang's L3 prefetch; each field unset keeps the engine's measured default
+    (hicache_umbp.contract.settings, docs/performance.md "One L3 hit")."""
+
+    policy: Literal["best_effort", "wait_complete", "timeout"] | None = Field(
+        default=None, description="--hicache-storage-prefetch-policy: when a request waiting "
+        "for its L3 prefetch is admitted (best_effort: at once, with what arrived; "
+        "wait_complete: when all arrived; timeout: all, or what arrived by the deadline).")
+    threshold: int | None = Field(
+        default=None, ge=0, le=1 << 20, description="Tokens: shorter L3 hits are recomputed "
+        "instead (SGLang's prefetch_threshold).")
+    timeout_base: float | None = Field(
+        default=None, ge=0.0, le=3600.0, description="Seconds the timeout policy waits for a "
+        "prefetch, plus timeoutPerKiToken per 1024 tokens (SGLang's prefetch_timeout_base).")
+    timeout_per_ki_token: float | None = Field(
+        default=None, ge=0.0, le=3600.0, description="Seconds per 1024 prefetched tokens "
+        "(SGLang's prefetch_timeout_per_ki_token).")
+
+
 class HiCache(ApiModel):
     """SGLang HiCache: the L2 host pool per rank and its policies."""
 
@@ -276,6 +295,10 @@ class HiCache(ApiModel):
     host_allocator: HostAllocator = Field(
         default_factory=HostAllocator,
         description="Host pool allocation (hugepages, prefault, NUMA).",
+    )
+    prefetch: Prefetch = Field(
+        default_factory=Prefetch,
+        description="SGLang's L3 prefetch policy, threshold and timeouts.",
     )
 
 

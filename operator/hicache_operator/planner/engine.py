@@ -213,6 +213,14 @@ def contract_values(
     if not ssd.ours:
         # mori's io_uring fallback; the hicache engine never uses io_uring
         v["ssd_allow_posix_fallback"] = l3.ssd.allow_posix_fallback
+    # Only what the CR sets: the engine's defaults are measured (docs/performance.md, "One L3
+    # hit"), and CRs that set none keep their ConfigMap (no restart on an operator upgrade).
+    pf = hc.prefetch
+    for key, value in (("prefetch_policy", pf.policy), ("prefetch_threshold", pf.threshold),
+                       ("prefetch_timeout_base", pf.timeout_base),
+                       ("prefetch_timeout_per_ki_token", pf.timeout_per_ki_token)):
+        if value is not None:
+            v[key] = value
     if hc.host_pool_per_rank is not None:
         v["host_pool_bytes"] = sizing.host_pool_per_rank
     elif hc.host_pool_ratio is not None:

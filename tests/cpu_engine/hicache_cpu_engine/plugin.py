@@ -44,7 +44,7 @@ def plugin() -> None:
 
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from . import kvcacheio
+    from . import kvcacheio, l3trace, tail_attention
 
     for name in POOL_MODULES:
         module = importlib.import_module(name)
@@ -53,6 +53,8 @@ def plugin() -> None:
                 setattr(module, op, getattr(kvcacheio, op))
     HookRegistry.register(HOST_POOL_INIT, _unpinned_host_pool, HookType.AROUND)
     HookRegistry.register(PARALLEL_GROUP, _gloo_only_group, HookType.AROUND)
+    l3trace.register(HookRegistry, HookType.AROUND)  # only with CPU_ENGINE_L3_TRACE set
+    tail_attention.register(HookRegistry, HookType.AROUND)  # only with CPU_ENGINE_TAIL_ATTENTION=1
     HookRegistry.apply_hooks()
     _applied = True
     log.info("hicache_cpu_engine: CPU HiCache support active (unpinned host pools, torch KV ops)")
