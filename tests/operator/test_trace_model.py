@@ -114,6 +114,23 @@ def test_the_prefetch_threshold_recomputes_small_l3_hits() -> None:
     assert l3_hit(9) == 0
 
 
+def test_l3_is_read_only_past_a_match_ending_at_a_page_with_a_host_copy() -> None:
+    """SGLang's prefetch gate (``is_backuped(last_host_node)``): under write_back a prefix
+    still only on the device has no host copy, and a request matching it never reads L3."""
+    def hits(policy: str) -> tuple[int, ...]:
+        cache = PodCache(TierTokens(8, 8, 100, 0), Policy(page_size=1, prefetch_threshold=0,
+                                                          write_policy=policy))  # type: ignore[arg-type]
+        for chain in ([1, 2], [3, 4], [5, 6], [7, 8], [9], [9]):  # 9 hot, 1, 2 only in L3
+            _serve(cache, chain)
+        assert 1 in cache.l3_dram.entries and 1 not in cache.host.entries
+        assert 9 in cache.device.entries
+        return _serve(cache, [9, 1, 2, 5])
+
+    assert hits("write_back") == (4, 0, 0, 0)  # 9 is on the device only: no L3 lookup
+    # 9 has its host copy: 1, 2, 5 from L3 (the last token recomputed)
+    assert hits("write_through") == (4, 0, 11, 0)
+
+
 def test_eviction_takes_a_chains_leaves_before_its_root() -> None:
     cache = PodCache(TierTokens(12, 0, 0, 0), FREE)
     _serve(cache, [1, 2, 3])

@@ -11,6 +11,11 @@ What SGLang and the store do, and how the replay follows it:
   the difference of that rounded prefix at its boundaries, so the shares always add up.
 * **Prefetch threshold.** SGLang prefetches from storage only when the storage hit is at least
   ``prefetch_threshold`` tokens (default 256); below it the L3 part is recomputed.
+* **Prefetch gate.** SGLang asks L3 only when the device + host match ends at the root or at a
+  page with a host copy (``is_backuped(last_host_node)``, ``scheduler._prefetch_kvcache``).
+  Under ``write_back`` a page gets a host copy only when the device evicts it, so a request
+  whose match ends in a prefix still on the device (a hot system prompt) never reads L3;
+  under write-through every page on the device has its host copy.
 * **Promotion.** Whatever the request used ends on the device (computed or loaded); an L3 hit
   is prefetched into the host pool first, so it lands in host and device; an SSD hit is also
   copied into DRAM when ``promoteOnHit`` (the store's rule).
@@ -68,7 +73,10 @@ class PodCache:
             i += 1
         h = i
         from_ssd: list[bool] = []
-        while i < n:
+        # SGLang looks in L3 only past a match that ends at the root or at a page with a host
+        # copy (scheduler._prefetch_kvcache: ``is_backuped(last_host_node)``): under
+        # write_back a prefix still only on the device stops the lookup.
+        while i < n and (h == 0 or blocks[h - 1] in host):
             key = blocks[i]
             if key in dram:
                 from_ssd.append(False)
