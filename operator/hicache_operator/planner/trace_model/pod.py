@@ -27,7 +27,8 @@ What SGLang and the store do, and how the replay follows it:
   the device evicts the page, and a page evicted before its threshold is gone). L3 is DRAM in
   front of SSD, and the store puts every page into both (the write-back ring drains DRAM's pages
   to SSD), so SSD holds what DRAM holds.
-* **Eviction.** Every tier is an LRU of blocks within its capacity. A request's blocks are
+* **Eviction.** Every tier is an LRU of blocks within its capacity; UMBP DRAM (mori's) by
+  watermarks: once it holds 90% of its capacity it evicts down to 70%. A request's blocks are
   refreshed deepest first, so within a chain the root is the most recent: a chain loses its
   leaves before its root, as SGLang's leaf-first eviction does. A host copy of a page still on
   the device is refreshed with it (SGLang never evicts those from host).
@@ -39,7 +40,7 @@ as it is written; the prefetch never times out).
 
 from __future__ import annotations
 
-from .tiers import LruTier, Policy, TierTokens
+from .tiers import LruTier, Policy, SetAssociativeTier, TierTokens
 
 
 class PodCache:
@@ -49,8 +50,13 @@ class PodCache:
     def __init__(self, capacity: TierTokens, policy: Policy) -> None:
         self.device = LruTier(capacity.device)
         self.host = LruTier(capacity.host)
-        self.l3_dram = LruTier(capacity.l3_dram)
-        self.l3_ssd = LruTier(capacity.l3_ssd)
+        marks = policy.dram_watermarks
+        self.l3_dram = (LruTier(capacity.l3_dram) if marks is None else
+                        LruTier(int(capacity.l3_dram * marks[1]), int(capacity.l3_dram * marks[0])))
+        self.l3_ssd: LruTier | SetAssociativeTier = (
+            LruTier(capacity.l3_ssd) if policy.ssd_ways is None else SetAssociativeTier(
+                capacity.l3_ssd, policy.page_size, policy.page_parts, policy.ssd_ways,
+                policy.ssd_salt))
         self.policy = policy
         self.page = policy.page_size
         self.threshold = policy.prefetch_threshold
@@ -114,6 +120,7 @@ class PodCache:
                     dram.add(key, sizes[k], None)
             else:
                 dram.touch(key)
+                ssd.touch(key)  # our SSD tier's LRU sees DRAM's hits too (touch_later)
             host.add(key, sizes[k], None)
         if self.write_through:
             uses, needed = self.uses, self.write_through
