@@ -103,7 +103,7 @@ def pressure_capacities(trace: Trace, page_size: int,
 
 #: Replays averaged per prediction: our SSD tier maps keys to sets by a hash the trace cannot
 #: give, so the model predicts the mean over this many maps (and says their spread).
-SSD_SAMPLES = 8
+SSD_SAMPLES = 32
 
 
 @dataclass(frozen=True)
