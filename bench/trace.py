@@ -1,9 +1,10 @@
-"""The trace model's benchmark (issue 26), model-only phases. Last line: one JSON object.
+"""The trace model's benchmark (issue 26), and its served phases. Last line: one JSON object.
 
 1. **DeepSeek-R1 projection**: ``examples/deepseek-r1-mi355x.yaml`` planned, its tiers replayed
-   on Mooncake's full conversation trace: hit ratio with the host pool only (device + host),
-   + UMBP DRAM, + UMBP SSD, and the tokens/s (and GB/s) each tier must deliver at the trace's
-   rate, beside the rate at which it can (docs/performance.md bandwidths).
+   on Mooncake's full conversation trace (as the example is, write_back, and with
+   write_through): hit ratio with the host pool only (device + host), + UMBP DRAM, + UMBP
+   SSD, and the tokens/s (and GB/s) each tier must deliver at the trace's rate, beside the
+   rate at which it can (docs/performance.md bandwidths).
 2. **Router vs round-robin under cache pressure**: N pods of the same plan with the host pool
    only (device + host, ~5.6 M tokens a pod against a 90.7 M-token working set), behind
    cache_aware (the CR's thresholds and tree), round_robin and prefix_hash; the bound is one pod
@@ -28,7 +29,7 @@ import json
 import subprocess
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +163,10 @@ def main() -> int:
     result = {
         "trace": trace.name, "theoretical_hit": _r(ceiling),
         "deepseek_r1": {"capacity": asdict(model.capacity), **projection(trace, model)},
+        # The example keeps write_back, under which this trace never reads L3 (SGLang's lookup
+        # gate, docs/capacity-planning.md); the same tiers with write_through:
+        "deepseek_r1_write_through": projection(trace, replace(
+            model, policy=replace(model.policy, write_policy="write_through"))),
         "router_under_pressure": router_pressure(trace, p, model, pods_list),
         "served_slice": served_slice(trace),
         "prefill_tokens_per_s": PREFILL,

@@ -2,10 +2,12 @@
 through real CPU pods, beside the model's prediction. Last line: one JSON object.
 
 1. **One served pod vs the model** (what ``tests/pod/test_trace_served_pod.py`` asserts): the
-   first ``--requests`` requests, one trace block per 16-token page, every tier smaller than the
-   slice's working set (``tests/pod/trace_replay.py``); hit tokens per tier from ``meta_info``
-   and the store's ``hicache_umbp_l3_read_pages_total{tier}``; ``served_vs_model_<tier>``.
-2. **Two served pods behind the router under cache pressure**: the same slice through SGLang's
+   first ``--requests`` (800) requests, one trace block per 16-token page, every tier smaller
+   than the slice's working set (``tests/pod/trace_replay.py``); hit tokens per tier from
+   ``meta_info`` and the store's ``hicache_umbp_l3_read_pages_total{tier}``;
+   ``served_vs_model_<tier>``.
+2. **Two served pods behind the router under cache pressure**: the first ``--router-requests``
+   (500) requests, SSD off (DRAM, host and device under pressure), through SGLang's
    real model gateway (smg 1.13.0, ``tests/pod/cluster``: the operator in the API emulator, the
    pods in a pod network), once with ``cache_aware`` (the tree the planner sizes) and once with
    ``round_robin``, on the same two pods (caches flushed, a different prompt seed per phase so
@@ -14,7 +16,8 @@ through real CPU pods, beside the model's prediction. Last line: one JSON object
 
 Needs root (like the pod tier), ``make engine-env pod-node-tools router-env``. Run:
 ``make bench-trace`` (this is its served part: ``bench/trace.py --served``), or alone
-``.cache/venvs/engine/bin/engine-python bench/trace_served.py [--requests N] [--phases ...]``.
+``.cache/venvs/engine/bin/engine-python bench/trace_served.py [--requests N]
+[--router-requests N] [--phases single,router]``.
 """
 
 from __future__ import annotations
@@ -195,7 +198,9 @@ def two_pods(root: Path, node: Node, image: Any, models: Path, requests: int) ->
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--requests", type=int, default=500)
+    ap.add_argument("--requests", type=int, default=800, help="the single-pod slice")
+    # Two pods, each policy in turn: a shorter slice keeps the phase near ten minutes.
+    ap.add_argument("--router-requests", type=int, default=500, help="the two-pod slice")
     ap.add_argument("--phases", default="single,router")
     args = ap.parse_args()
     phases = args.phases.split(",")
@@ -215,7 +220,8 @@ def main() -> int:
                 (root / "single").chmod(0o755)
                 result["single_pod"] = single_pod(root, node, image, models, args.requests)
             if "router" in phases:
-                result["two_pods"] = two_pods(root, node, image, models, args.requests)
+                result["two_pods"] = two_pods(root, node, image, models,
+                                              args.router_requests)
     single = result.get("single_pod", {})
     result.update({k: v for k, v in single.items() if k.startswith("served_vs_model_")})
     if "two_pods" in result:
