@@ -126,6 +126,7 @@ def values_schema() -> JsonObj:
                                                   "maximum": 1},
                     "minL2TokensPerSecond": {"type": "number", "minimum": 0},
                     "storageWritesFailingFor": _DURATION,
+                    "ssdTierErrorsFor": _DURATION,
                     "podOutOfRouterSetFor": _DURATION,
                     "hitRatioCollapseFactor": {"type": "number", "exclusiveMinimum": 0,
                                                "maximum": 1},

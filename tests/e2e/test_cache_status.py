@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import support.sglang_pages as P
+import support.store_series as S
 from e2e_lib import (
     EXAMPLES,
     NAMESPACE,
@@ -112,7 +113,9 @@ def test_cache_status_is_read_from_each_ready_pods_sglang_metrics(
         columns = {c["name"]: _column(body, c["jsonPath"]) for c in PRINTER_COLUMNS
                    if "cache" in c["jsonPath"]}
         assert columns == {"Hit": hit["total"], "Host-Hit": hit["host"], "L3-Hit": hit["storage"],
-                           "Device-Hit": hit["device"], "L3-Writes": l3_writes}
+                           "Device-Hit": hit["device"], "L3-Writes": l3_writes,
+                           # SGLang's pages alone: no store series, no split, no SSD figures
+                           "SSD-Hit": None, "DRAM-Hit": None, "SSD-Read": None}
         # Unchanged figures: resyncs scrape (bounded: one request per pod) and write nothing.
         cluster.wait_settled(RESYNC_S)
         before = len(sglang.requests)
@@ -155,3 +158,39 @@ def test_pods_that_are_not_ready_are_not_scraped(cluster: Cluster, operator: Any
         assert cluster.emu.list("v1", "pods", NAMESPACE, selector("unready"))
         cache = _cache(cluster, "unready")  # planned tiers, no live figure
         assert set(cache) == {"tiers", "pods", "windowSeconds"} and cache["pods"] == 0
+
+
+def test_l3_hits_are_split_into_dram_and_ssd_in_status_and_columns(
+        cluster: Cluster, operator: Any) -> None:
+    """The pod's page: SGLang's real page after an engine restart and one L3 hit, with our
+    store's series written by its real exporter (tests/support/store_series.py: 35 of the 105
+    pages from the DRAM sidecar, 70 from the SSD tier). The first scrape sees the store before
+    it read anything (every series at 0, no SGLang page yet), the second the hit: status.cache
+    splits storage into l3Dram and l3Ssd and reports the SSD tier's bandwidth and fill, and
+    the printer columns show them."""
+    zero = S.store_series(S.ZERO_STATS)
+    hit = S.page_with_store_series(P.page(P.STANDALONE_RESTARTED), S.FIXTURE.read_text())
+    with FakeSGLangMetrics(pods=1) as sglang:
+        sglang.serve(zero)
+        cr = _cr("tiered", replicas=1, port=sglang.port)
+        cluster.apply(cr)
+        cluster.wait_children(cr)
+        cluster.mark_pods_ready("tiered", 1, ips=sglang.ips)
+        cluster.wait(lambda: _cache(cluster, "tiered").get("pods") == 1, "the first scrape")
+        sglang.serve(hit)
+        cache = cluster.wait(lambda: (lambda c: c if "hitRatio" in c else {})(
+            _cache(cluster, "tiered")), "hit ratios")
+        prompt = P.told(P.STANDALONE_RESTARTED)[0]["prompt_tokens"]
+        storage = P.told(P.STANDALONE_RESTARTED)[0]["cached_tokens_details"]["storage"]
+        assert cache["hitRatio"]["storage"] == round(storage / prompt, 3)
+        assert cache["hitRatio"]["l3Dram"] == round(storage * 35 / 105 / prompt, 3)
+        assert cache["hitRatio"]["l3Ssd"] == round(storage * 70 / 105 / prompt, 3)
+        assert cache["ssd"] == {"readBytesPerSecond": 983_040_000,
+                                "writeBytesPerSecond": 737_280_000, "pages": 210,
+                                "capacityPages": 43_680, "evictions": 0, "readErrors": 0,
+                                "writeErrors": 0}
+        body = cluster.cr("tiered") or {}
+        columns = {c["name"]: _column(body, c["jsonPath"]) for c in PRINTER_COLUMNS}
+        assert columns["SSD-Hit"] == cache["hitRatio"]["l3Ssd"]
+        assert columns["DRAM-Hit"] == cache["hitRatio"]["l3Dram"]
+        assert columns["SSD-Read"] == 983_040_000

@@ -6,7 +6,8 @@ annotations may change on a running pod) and its StatefulSet controller (revisio
 ``currentRevision`` as Kubernetes moves it). Emulated: the kubelet (``emulator/kubelet.py``):
 a changed image restarts just that container; a new configuration revision restarts the
 engine as the launcher's watcher makes it; a restarted engine passes its readiness probe
-``READY_AFTER_S`` later. Every count below is of requests the operator sent to the API server.
+``READY_AFTER_S`` later; Ready needs the operator's readiness gate too. Every count below is
+of requests the operator sent to the API server.
 """
 
 from __future__ import annotations
@@ -146,17 +147,23 @@ def test_an_engine_only_change_restarts_each_engine_in_place_and_deletes_nothing
                 if c != "engine"} for n, p in pods.items()} == sidecars
     assert _pvc_state(cluster, "inplace") == pvcs
 
-    # The API writes: no pod deleted, no PVC touched, each pod patched once.
+    # The API writes: no pod deleted, no PVC touched, each pod patched once, and its readiness
+    # gate closed before and opened after (pods/status).
     cluster.wait_settled(0.5)
     writes = cluster.emu.writes()[start:]
     by = [(w.method, w.plural) for w in writes]
     assert ("DELETE", "pods") not in by
     assert not [w for w in writes if w.plural == "persistentvolumeclaims"]
-    assert sorted(w.name for w in writes if w.plural == "pods") == [
+    pod_writes = [w for w in writes if w.plural == "pods"]
+    assert sorted(w.name for w in pod_writes if w.subresource is None) == [
         "inplace-0", "inplace-1", "inplace-2"]
-    assert all(w.method == "PATCH" for w in writes if w.plural == "pods")
-    # The StatefulSet: its new template, then nothing (its partition stays held).
-    assert [w.method for w in writes if w.plural == "statefulsets"] == ["PATCH"]
+    assert sorted(w.name for w in pod_writes if w.subresource == "status") == [
+        "inplace-0", "inplace-0", "inplace-1", "inplace-1", "inplace-2", "inplace-2"]
+    assert all(w.method == "PATCH" for w in pod_writes)
+    # The StatefulSet: its new template (partition held), OnDelete while pods are updated in
+    # place (a pod it makes meanwhile comes from the new template), RollingUpdate once all
+    # are (its controller moves currentRevision), then the partition held again.
+    assert [w.method for w in writes if w.plural == "statefulsets"] == ["PATCH"] * 4
     cm = cluster.child(("v1", "configmaps"), "inplace-hicache")
     assert cm is not None and list(cm["data"]) == [f"HICACHE_CONFIG_{new_config.pop()}"]
     reasons = [e["reason"] for e in cluster.events("inplace")]
@@ -212,7 +219,11 @@ def test_a_pod_level_change_falls_back_to_replacing_pods_and_says_why(
                         "the StatefulSet to replace both pods", 60)
     assert not set(uids.values()) & {p["metadata"]["uid"] for p in cluster.pods("fallback")}
     writes = cluster.emu.writes()[start:]
-    assert not [w for w in writes if w.plural in ("pods", "persistentvolumeclaims")]
+    assert not [w for w in writes if w.plural == "persistentvolumeclaims"]
+    # Pods: only the readiness gate of each new pod, opened once (its engine is new already).
+    pod_writes = [w for w in writes if w.plural == "pods"]
+    assert all(w.subresource == "status" for w in pod_writes)
+    assert sorted(w.name for w in pod_writes) == ["fallback-0", "fallback-1"]
     assert _pvc_state(cluster, "fallback") == pvcs  # the claims stay (the pods reuse them)
     assert "ReplacingPods" in {e["reason"] for e in cluster.events("fallback")}
     # Back to in place: the partition is held again.
@@ -288,14 +299,15 @@ def test_an_interrupted_rollout_resumes_after_an_operator_restart(
     cluster.wait(lambda: kubelet.restarts == [("resumed-2", "engine", "image changed")],
                  "resumed-2 restarting")
     operator_process.kill()  # mid-rollout: resumed-2 restarting, two pods to go
-    cluster.set_pod("pod_ready", "resumed-2")
+    cluster.set_pod("pod_ready", "resumed-2")  # its containers; its gate waits for the operator
     time.sleep(1)
     assert [p for p, _, _ in kubelet.restarts] == ["resumed-2"]  # nobody goes on without it
     _kubelet(cluster, ready_after_restart=READY_AFTER_S)
     operator_process.start()
     cluster.wait(lambda: _rolled_out(cluster, "resumed"), "the rollout to finish", 60)
     assert kubelet.restarts == [(f"resumed-{i}", "engine", "image changed") for i in (2, 1, 0)]
-    patched = [w.name for w in cluster.emu.writes() if w.plural == "pods"]
+    patched = [w.name for w in cluster.emu.writes()
+               if w.plural == "pods" and w.subresource is None]
     assert sorted(patched) == ["resumed-0", "resumed-1", "resumed-2"]  # each pod once
     state = json.loads(_pods(cluster, "resumed")["resumed-2"]["metadata"]["annotations"][
         "hicache.sglang.ai/in-place-update"])

@@ -10,7 +10,10 @@ pod role gives them, ``support.prometheus.PodDiscovery``); the operator and the 
 Deployment it plans; the real smg 1.13.0 router, its ``smg_*`` metrics after requests routed
 through it. Emulated: the API server and the
 controllers (pod IPs on loopback). Faked: the engines, which answer with the real SGLang 0.5.23
-``/metrics`` pages of ``tests/fixtures/sglang-metrics`` (the pod tier scrapes real ones).
+``/metrics`` pages of ``tests/fixtures/sglang-metrics`` (the pod tier scrapes real ones); the
+second pod's page carries our store's series too (L3 pages by tier, the SSD tier's bytes,
+seconds, fill and errors), written by the store's real exporter for chosen stats
+(``tests/support/store_series.py``), so the L3-tier and SSD rules and panels have series.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import support.store_series as S
 from e2e_lib import NAMESPACE, REPO, Cluster
 from router_lib import (  # noqa: F401 (router_process is a fixture)
     NAME,
@@ -54,11 +58,13 @@ def test_every_rule_and_dashboard_query_returns_series(
     engine_port, router_port, metrics_port = _free_port(), _free_port(), _free_port()
     cr = _cr(engine_port, router_port, metrics_port)
     cr["spec"]["replicas"] = 2
+    tiered = tmp_path / "standalone-after-restart-with-store-series.txt"
+    tiered.write_text(S.page_with_store_series(PAGES[1].read_text(), S.FIXTURE.read_text()))
     cluster.apply(cr)
     deployment = cluster.wait(lambda: cluster.child(("apps/v1", "deployments"),
                                                     f"{NAME}-router"), "the router Deployment")
     with SGLangStandIn(POD_IPS[0], engine_port, PAGES[0]), \
-            SGLangStandIn(POD_IPS[1], engine_port, PAGES[1]):
+            SGLangStandIn(POD_IPS[1], engine_port, tiered):
         router_process(deployment)
         router_pod = cluster.wait(
             lambda: next(iter(cluster.emu.list("v1", "pods", NAMESPACE,

@@ -9,9 +9,19 @@ that start.
 
 What runs inside the engine container is ours: with updateStrategy InPlaceIfPossible the hicache
 launcher leaves a watcher that stops the engine when the pod's ``config-hash`` annotation names
-another revision (``hicache_umbp.launch.revision``), and the kubelet restarts it
-(``restartPolicy: Always``). ``launcher_restarts_on_config = False`` models an engine image
-without that launcher (the annotation then changes nothing, as on a real node).
+another revision, or its ``kubectl.kubernetes.io/restartedAt`` annotation changes
+(``hicache_umbp.launch.revision``), and the kubelet restarts it (``restartPolicy: Always``).
+``launcher_restarts_on_config = False`` models an engine image without that launcher (the
+annotation then changes nothing, as on a real node).
+
+Readiness gates: the kubelet sets ``ContainersReady`` from the containers and ``Ready`` only
+when the containers are ready AND every condition named in ``spec.readinessGates`` is True
+(``pkg/kubelet/status/generate.go``: a missing gate condition counts as False); it keeps the
+gate conditions other writers set (``pods/status``) when it writes its own.
+
+A pod run once (``restartPolicy: Never``, bound to a node, not a StatefulSet's: the operator's
+pull pods) pulls its image ``pull_seconds`` after it is made and succeeds (``pulls`` records
+each, in order), or fails to pull an image in ``bad_images`` (``ErrImagePull``).
 
 Tests decide what the restarted engine does: ``ready_after_restart`` seconds later its readiness
 probe passes (None: never by itself, the test calls ``pod_ready``); an image in ``bad_images``
@@ -30,6 +40,7 @@ from dataclasses import dataclass
 from .store import ApiError, Obj, ResourceType, Store, WatchEvent, now_iso
 
 CONFIG_ANNOTATION = "hicache.sglang.ai/config-hash"
+RESTARTED_AT_ANNOTATION = "kubectl.kubernetes.io/restartedAt"
 CONFIG_REVISION_ENV = "HICACHE_CONFIG_REVISION"
 _IDS = itertools.count(1)
 
@@ -65,6 +76,29 @@ class Container:
         return out
 
 
+def _gate_types(pod: Obj) -> set[str]:
+    return {str(g.get("conditionType")) for g in (pod.get("spec") or {}).get(
+        "readinessGates") or []}
+
+
+def _conditions(pod: Obj, conditions: list[Obj], containers_ready: bool) -> list[Obj]:
+    """The pod's conditions with ``ContainersReady`` and ``Ready`` as the kubelet computes
+    them: Ready needs the containers and every readiness gate's condition True."""
+    by_type = {c.get("type"): c for c in conditions}
+    gates_ok = all((by_type.get(t) or {}).get("status") == "True" for t in _gate_types(pod))
+    out = [c for c in conditions if c.get("type") not in ("Ready", "ContainersReady")]
+    ready = "True" if containers_ready and gates_ok else "False"
+    return [*out, {"type": "Ready", "status": ready},
+            {"type": "ContainersReady", "status": "True" if containers_ready else "False"}]
+
+
+def _runs_once(pod: Obj) -> bool:
+    spec = pod.get("spec") or {}
+    owned = any(r.get("kind") == "StatefulSet"
+                for r in pod["metadata"].get("ownerReferences") or [])
+    return spec.get("restartPolicy") == "Never" and bool(spec.get("nodeName")) and not owned
+
+
 def _runs_revisions(pod: Obj) -> bool:
     """The engine container selects its configuration by the pod annotation (InPlace)."""
     for c in (pod.get("spec") or {}).get("containers") or []:
@@ -85,6 +119,8 @@ class Kubelet:
         self.bad_images: set[str] = set()
         self.crashing_images: set[str] = set()
         self.restarts: list[tuple[str, str, str]] = []  # (pod, container, why), in order
+        self.pull_seconds = 0.2
+        self.pulls: list[tuple[float, str, str]] = []  # (monotonic time, node, image)
         # (monotonic time, pod, "restart" | "ready"): when each pod's engine went down and
         # came back, for tests that check how many pods were unavailable at once
         self.timeline: list[tuple[float, str, str]] = []
@@ -111,7 +147,12 @@ class Kubelet:
 
     @staticmethod
     def _config(pod: Obj) -> str:
-        return str((pod["metadata"].get("annotations") or {}).get(CONFIG_ANNOTATION, ""))
+        """What the launcher's watcher restarts the engine on: the configuration revision and
+        kubectl's restart request (``hicache_umbp.launch.revision``)."""
+        annotations = pod["metadata"].get("annotations") or {}
+        config = str(annotations.get(CONFIG_ANNOTATION, ""))
+        restart = annotations.get(RESTARTED_AT_ANNOTATION)
+        return f"{config}@{restart}" if restart else config
 
     def _write(self, pod: Obj, base: Obj | None = None) -> Obj:
         states = self._states(pod)
@@ -122,26 +163,41 @@ class Kubelet:
         sidecars = [states[n].status() for n in states if n not in main]
         if sidecars:
             status["initContainerStatuses"] = sidecars
-        ready = all(states[n].ready for n in states)
-        conditions = [c for c in status.get("conditions") or []
-                      if c.get("type") not in ("Ready", "ContainersReady")]
-        flag = "True" if ready else "False"
-        conditions += [{"type": "Ready", "status": flag}, {"type": "ContainersReady",
-                                                           "status": flag}]
-        status["conditions"] = conditions
+        containers = all(states[n].ready for n in states)
+        status["conditions"] = _conditions(pod, status.get("conditions") or [], containers)
         namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
         return self.store.replace(self.pods_type, namespace, name, {**pod, "status": status},
                                   "status")
 
     def set_ready(self, namespace: str, name: str, status: Obj) -> Obj:
-        """Every container running and ready (the probes pass), on top of ``status``."""
+        """Every container running and ready (the probes pass), on top of ``status`` (the
+        readiness gates' conditions the pod has are kept)."""
         pod = self.store.get(self.pods_type, namespace, name)
+        gates = _gate_types(pod)
+        kept = [c for c in (pod.get("status") or {}).get("conditions") or []
+                if c.get("type") in gates]
+        status = {**status, "conditions": [*(status.get("conditions") or []), *kept]}
         for c in self._states(pod).values():
             if c.waiting is None:
                 c.running, c.ready = True, True
                 c.started_at = c.started_at or now_iso()
         self.timeline.append((time.monotonic(), name, "ready"))
         return self._write(pod, status)
+
+    def _resync_ready(self, namespace: str, name: str) -> None:
+        try:
+            pod = self.store.get(self.pods_type, namespace, name)
+        except ApiError:
+            return
+        status = dict(pod.get("status") or {})
+        before = status.get("conditions") or []
+        states = self.containers.get(pod["metadata"]["uid"])
+        containers = all(c.ready for c in states.values()) if states else any(
+            c.get("type") == "ContainersReady" and c.get("status") == "True" for c in before)
+        after = _conditions(pod, before, containers)
+        if after != before:
+            self.store.replace(self.pods_type, namespace, name,
+                               {**pod, "status": {**status, "conditions": after}}, "status")
 
     def forget(self, uid: str) -> None:
         self.containers.pop(uid, None)
@@ -154,6 +210,11 @@ class Kubelet:
         uid = event.object["metadata"]["uid"]
         if event.type == "DELETED":
             self.forget(uid)
+            return
+        if event.type == "ADDED" and _runs_once(event.object) and self._loop is not None:
+            meta = event.object["metadata"]
+            self._loop.call_later(self.pull_seconds, self._run_once, meta["namespace"],
+                                  meta["name"], uid)
             return
         if uid not in self.containers or self._loop is None:
             return  # not started by the kubelet yet (tests move new pods explicitly)
@@ -183,6 +244,7 @@ class Kubelet:
                 self._restart(engine, engine.image, "configuration revision changed")
                 restarted.append(("engine", "configuration revision changed"))
         if not restarted:
+            self._resync_ready(namespace, name)  # a gate's condition may have changed
             return
         for container, why in restarted:
             self.restarts.append((name, container, why))
@@ -209,6 +271,28 @@ class Kubelet:
             state.restarts += 1  # started, crashed, restarted, crashed again
             state.waiting = ("CrashLoopBackOff", f"back-off 10s restarting failed container="
                              f"{state.name}")
+
+    def _run_once(self, namespace: str, name: str, uid: str) -> None:
+        """Pull the pod's image on its node, then run it to completion (or fail the pull)."""
+        try:
+            pod = self.store.get(self.pods_type, namespace, name)
+        except ApiError:
+            return
+        if pod["metadata"]["uid"] != uid:
+            return
+        [container] = pod["spec"]["containers"]
+        image = str(container.get("image", ""))
+        if image in self.bad_images:
+            state: Obj = {"waiting": {"reason": "ErrImagePull",
+                                      "message": f'failed to pull image "{image}": not found'}}
+            status: Obj = {"phase": "Pending"}
+        else:
+            self.pulls.append((time.monotonic(), str(pod["spec"]["nodeName"]), image))
+            state = {"terminated": {"exitCode": 0, "reason": "Completed"}}
+            status = {"phase": "Succeeded"}
+        status["containerStatuses"] = [{"name": container["name"], "image": image,
+                                        "ready": False, "restartCount": 0, "state": state}]
+        self.store.replace(self.pods_type, namespace, name, {**pod, "status": status}, "status")
 
     def _probe_passes(self, namespace: str, name: str, uid: str, container: str,
                       container_id: str) -> None:

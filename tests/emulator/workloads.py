@@ -97,6 +97,9 @@ class WorkloadSimulator:
         self._pending: set[tuple[str, str]] = set()
         self._highest: dict[tuple[str, str], int] = {}  # ordinals ever created, per StatefulSet
         self._history: dict[tuple[str, str], set[str]] = {}  # ControllerRevision names
+        # Nodes a new pod is bound to (ordinal modulo their number), as the scheduler would;
+        # empty: pods stay unbound (``spec.nodeName`` unset).
+        self.nodes: tuple[str, ...] = ()
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -257,6 +260,9 @@ class WorkloadSimulator:
                             "labels": labels, "annotations": meta.get("annotations") or {},
                             "ownerReferences": [_owner(sts)]},
                "spec": template.get("spec") or {}}
+        if self.nodes:
+            pod["spec"] = {**(template.get("spec") or {}),
+                           "nodeName": self.nodes[ordinal % len(self.nodes)]}
         created = self.store.create(self.pods, None, pod)
         return self.store.replace(self.pods, created["metadata"]["namespace"], name,
                                   {**created, "status": {"phase": "Pending"}}, "status")

@@ -35,17 +35,19 @@ LAUNCHER_RESOLVED_KEYS = {"host_numa", "umbp_dram_numa"}
 
 
 class SizedNodeRoot(NodeRoot):
-    """A node root whose SSD mount reports a declared size and free space."""
+    """A node root whose SSD mounts report their declared sizes as free space."""
 
-    def __init__(self, root: Path, mount: str, size: int) -> None:
+    def __init__(self, root: Path, sizes: dict[str, int]) -> None:
         super().__init__(root)
-        self.mount, self.size = mount, size
+        self.sizes = sizes
 
     def statvfs(self, node_path: str) -> os.statvfs_result:
         real = super().statvfs(node_path)
-        if not node_path.startswith(self.mount):
+        mount = max((m for m in self.sizes if node_path == m or node_path.startswith(m + "/")),
+                    key=len, default=None)
+        if mount is None:
             return real
-        blocks = self.size // 4096
+        blocks = self.sizes[mount] // 4096
         return os.statvfs_result((4096, 4096, blocks, blocks, blocks, real.f_files,
                                   real.f_ffree, real.f_favail, real.f_flag, real.f_namemax))
 
@@ -109,9 +111,12 @@ def test_planner_output_gives_a_coherent_launch(
         node.hugepages(page, free=limit // page, per_numa={0: limit // page, 1: limit // page})
     root = NodeRoot(node.root)
     mounts = {m["mountPath"] for m in engine["volumeMounts"]}
-    if p.ssd.enabled and p.ssd.mount_path in mounts:
-        node.ssd_mount(p.ssd.mount_path)
-        root = SizedNodeRoot(node.root, p.ssd.mount_path, p.ssd.volume_bytes or p.ssd.capacity)
+    drives = {d.mount_path: d.volume_bytes or p.ssd.capacity for d in p.ssd.drives
+              if d.mount_path in mounts}  # the engine holds these drives (else a sidecar)
+    for mount in drives:
+        node.ssd_mount(mount)
+    if drives:
+        root = SizedNodeRoot(node.root, drives)
     for c in pod.get("initContainers", []) + pod["containers"]:
         probe = c.get("startupProbe", {}).get("exec", {}).get("command", [])
         if probe[:2] == ["test", "-S"]:  # a sidecar: play it with a listening socket pair

@@ -138,3 +138,26 @@ def test_the_forked_watcher_stops_its_engine_for_a_new_revision(tmp_path: Path) 
     finally:
         engine.kill()
         engine.wait(10)
+
+
+def test_the_watcher_restarts_the_engine_on_kubectls_restart_request(tmp_path: Path) -> None:
+    """``kubectl rollout restart`` under InPlaceIfPossible: the operator carries the template's
+    ``restartedAt`` to each pod (same revision); a new value stops the engine, the same one
+    (or none) does not. The watcher's SIGKILL waits ``grace_s`` (the planner's stop grace)."""
+    file = tmp_path / "annotations"
+    stamp = 'kubectl.kubernetes.io/restartedAt="2027-01-15T08:00:00Z"\n'
+    file.write_text(f'{CONFIG_ANNOTATION}="a1"\n{stamp}')
+    signals: list[int] = []
+    slept: list[float] = []
+    later = f'{CONFIG_ANNOTATION}="a1"\nkubectl.kubernetes.io/restartedAt="2027-01-15T09:00:00Z"\n'
+    reads = iter([f'{CONFIG_ANNOTATION}="a1"\n{stamp}', f'{CONFIG_ANNOTATION}="a1"\n', later])
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        file.write_text(next(reads, later))
+
+    got = watch_revision(NodeRoot("/"), "a1", 4242, path=str(file), grace_s=3.0,
+                         alive=lambda _: True, kill=lambda pid, sig: signals.append(sig),
+                         sleep=sleep, restarted_at="2027-01-15T08:00:00Z")
+    assert got == "a1" and signals == [15, 9]  # never ended: SIGKILL after the grace
+    assert len(slept) == 3 + 3  # three reads before the change, then 3 s of grace

@@ -48,6 +48,12 @@ def example_cr(example: str, *mutations: Mutation) -> dict[str, Any]:
     return cr
 
 
+def mori_ssd(spec: dict[str, Any]) -> None:
+    """Mutation: the SSD tier on mori 1.2.4's SSD node (``spec.l3.ssd.engine: mori``), for tests
+    of that engine's rendering (its umbp-ssd sidecar, its staging), which it keeps unchanged."""
+    spec["l3"].setdefault("ssd", {})["engine"] = "mori"
+
+
 def plan_problems(cr: dict[str, Any], config: OperatorConfig | None = None
                   ) -> list[tuple[str, str]]:
     """The (field path, message) problems the planner refuses ``cr`` with (it must refuse)."""

@@ -94,12 +94,24 @@ def _pvc(name: str, size: str, storage_class: str | None = "local-nvme") -> dict
 
 
 def test_claims_grow_where_the_storage_class_allows_it() -> None:
-    pvcs = [_pvc("a", "3500Gi"), _pvc("b", "4000Gi")]
-    small = claims_to_grow(3700 * GI, pvcs)
-    assert [p["metadata"]["name"] for p in small] == ["a"]
-    plan = plan_expansion(3700 * GI, small, {"local-nvme": {"allowVolumeExpansion": True}})
+    pvcs = [_pvc("umbp-ssd-x-0", "3500Gi"), _pvc("umbp-ssd-x-1", "4000Gi")]
+    small = claims_to_grow({"umbp-ssd": 3700 * GI}, "x", pvcs)
+    assert [(p["metadata"]["name"], size) for p, size in small] == [("umbp-ssd-x-0", 3700 * GI)]
+    plan = plan_expansion(small, {"local-nvme": {"allowVolumeExpansion": True}})
     assert plan.refusal is None
-    assert plan.patches == {"a": {"spec": {"resources": {"requests": {"storage": "3700Gi"}}}}}
+    assert plan.patches == {
+        "umbp-ssd-x-0": {"spec": {"resources": {"requests": {"storage": "3700Gi"}}}}}
+
+
+def test_each_drive_claim_grows_to_its_own_template_size() -> None:
+    """Several drives (claim templates umbp-ssd, umbp-ssd-1): a claim is matched to its
+    template by the StatefulSet's naming rule (``<template>-<statefulset>-<ordinal>``), claims
+    of other templates are left alone, and each grows to its own size. Pure, no fakes."""
+    pvcs = [_pvc("umbp-ssd-x-0", "3500Gi"), _pvc("umbp-ssd-1-x-0", "3500Gi"),
+            _pvc("umbp-ssd-1-x-1", "4000Gi"), _pvc("other-x-0", "1Gi")]
+    small = claims_to_grow({"umbp-ssd": 3500 * GI, "umbp-ssd-1": 3800 * GI}, "x", pvcs)
+    assert [(p["metadata"]["name"], size) for p, size in small] == [
+        ("umbp-ssd-1-x-0", 3800 * GI)]
 
 
 @pytest.mark.parametrize(("classes", "pvc", "why"), [
@@ -110,8 +122,8 @@ def test_claims_grow_where_the_storage_class_allows_it() -> None:
 ])
 def test_claims_that_cannot_grow_refuse_the_change_and_say_why(
         classes: dict[str, Any], pvc: dict[str, Any], why: str) -> None:
-    plan = plan_expansion(3700 * GI, [pvc], {k: v or {"kind": "StorageClass"}
-                                             for k, v in classes.items()})
+    plan = plan_expansion([(pvc, 3700 * GI)], {k: v or {"kind": "StorageClass"}
+                                               for k, v in classes.items()})
     assert plan.patches == {} and plan.refusal is not None
     assert why in plan.refusal and "claim a (3500Gi)" in plan.refusal
     assert "Revert the size" in plan.refusal

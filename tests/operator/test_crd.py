@@ -152,8 +152,9 @@ def test_crd_metadata_printer_columns_and_subresources() -> None:
     assert version["subresources"]["status"] == {}
     names = [c["name"] for c in version["additionalPrinterColumns"]]
     assert [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")] == [
-        "Ready", "Replicas", "Hit", "Host-Hit", "L3-Hit", "Model", "Age"]
-    assert {"Device-Hit", "L3-Writes", "Hugepages", "L3 DRAM", "SSD", "Phase"} <= set(names)
+        "Ready", "Replicas", "Hit", "Host-Hit", "L3-Hit", "SSD-Hit", "Model", "Age"]
+    assert {"Device-Hit", "DRAM-Hit", "SSD-Read", "L3-Writes", "Hugepages", "L3 DRAM", "SSD",
+            "Phase"} <= set(names)
     # Every printer column path exists in the schema.
     schema = openapi_schema()
     for col in version["additionalPrinterColumns"]:
@@ -251,10 +252,24 @@ BAD_CRS = {
     "standalone_posix_ssd": (
         lambda s: (
             s["l3"].update(mode="standalone", dram={"capacity": "64Gi"}),
-            s["l3"]["ssd"].update(ioBackend="posix"),
+            s["l3"]["ssd"].update(ioBackend="posix", engine="mori"),
         ),
         "spec.l3",
-        "posix cannot be honoured in standalone mode",
+        "posix cannot be honoured in standalone mode with engine mori",
+    ),
+    "mori_several_drives": (
+        lambda s: (
+            s["l3"]["ssd"].pop("volume"),
+            s["l3"]["ssd"].update(engine="mori", volumes=[
+                {"claimTemplate": {"size": "1000Gi"}}, {"claimTemplate": {"size": "1000Gi"}}]),
+        ),
+        "spec.l3.ssd",
+        "engine mori stores in one directory",
+    ),
+    "volume_and_volumes": (
+        lambda s: s["l3"]["ssd"].update(volumes=[{"claimTemplate": {"size": "1000Gi"}}]),
+        "spec.l3.ssd",
+        "set exactly one of volume or volumes",
     ),
     "builtin_backend_ssd": (
         lambda s: s["l3"].update(backend="sglang-mori"),

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from hicache_operator.api.config import OperatorConfig
 from hicache_operator.plan import SpecError, plan
-from shc_testlib import CONFIG, GI, load_example, pod_spec
+from shc_testlib import CONFIG, GI, load_example, mori_ssd, pod_spec
 from shc_testlib import configmap_env as _configmap_env
 from shc_testlib import engine_container as _engine
 from shc_testlib import example_cr as _cr
@@ -19,7 +19,9 @@ from shc_testlib import plan_problems as _problems
 
 
 def test_standalone_sidecars_one_per_medium_share_the_socket_dir() -> None:
-    p = plan(_cr("llama-3.1-70b-mi355x.yaml"), CONFIG)
+    """The mori SSD engine (spec.l3.ssd.engine: mori) runs one umbp-ssd sidecar beside the
+    DRAM one; the hicache engine's tier is in the engine (test_planner_ssd_engine.py)."""
+    p = plan(_cr("llama-3.1-70b-mi355x.yaml", mori_ssd), CONFIG)
     spec = pod_spec(p.objects)
     sidecars = {c["name"]: c for c in spec["initContainers"]}
     assert set(sidecars) == {"umbp-dram", "umbp-ssd"}

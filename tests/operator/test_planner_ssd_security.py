@@ -25,25 +25,37 @@ def test_ssd_capacity_above_volume_minus_headroom() -> None:
     assert _has(problems, "spec.l3.ssd.capacity", "3400Gi", "3570191564800 B")
 
 
-def test_pvc_ssd_via_volume_claim_templates() -> None:
-    p = plan(_cr("llama-3.1-405b-mi355x.yaml"), CONFIG)
+@pytest.mark.parametrize(("engine", "dirs"), [
+    ("mori", tuple(f"/mnt/umbp-ssd/rank-{r}" for r in range(8))),  # one directory per rank
+    ("hicache", ("/mnt/umbp-ssd",)),  # the pod's ranks share the drive
+])
+def test_pvc_ssd_via_volume_claim_templates(engine: str, dirs: tuple[str, ...]) -> None:
+    p = plan(_cr("llama-3.1-405b-mi355x.yaml",
+                 lambda s: s["l3"]["ssd"].update(engine=engine)), CONFIG)
     sts = p.objects[-1]
     (claim,) = sts["spec"]["volumeClaimTemplates"]
+    assert claim["metadata"]["name"] == "umbp-ssd"  # the name single-drive pods always had
     assert claim["spec"]["storageClassName"] == "local-nvme"
     assert claim["spec"]["resources"]["requests"]["storage"] == "3500Gi"
     assert {"name": "umbp-ssd", "mountPath": "/mnt/umbp-ssd"} in _engine(p.objects)["volumeMounts"]
-    assert p.ssd.rank_dirs[7] == "/mnt/umbp-ssd/rank-7"
+    assert p.ssd.dirs == dirs
 
 
-def test_emptydir_ssd_requests_ephemeral_storage() -> None:
+@pytest.mark.parametrize(("engine", "container"), [("mori", "umbp-ssd"), ("hicache", "engine")])
+def test_emptydir_ssd_requests_ephemeral_storage(engine: str, container: str) -> None:
+    """Standalone: the mori engine's SSD lives in the umbp-ssd sidecar, the hicache engine's
+    in the engine container (no umbp-ssd sidecar at all)."""
     def empty_dir(s: dict[str, Any]) -> None:
-        s["l3"]["ssd"]["volume"] = {"emptyDir": {"sizeLimit": "900Gi"}}
+        s["l3"]["ssd"].update(engine=engine, volume={"emptyDir": {"sizeLimit": "900Gi"}})
 
     p = plan(_cr("llama-3.1-70b-mi355x.yaml", empty_dir), CONFIG)
     vol = next(v for v in pod_spec(p.objects)["volumes"] if v["name"] == "umbp-ssd")
     assert vol == {"name": "umbp-ssd", "emptyDir": {"sizeLimit": "900Gi"}}
-    ssd = next(c for c in all_containers(p.objects) if c["name"] == "umbp-ssd")
-    assert ssd["resources"]["requests"]["ephemeral-storage"] == "900Gi"
+    holder = next(c for c in all_containers(p.objects) if c["name"] == container)
+    assert holder["resources"]["requests"]["ephemeral-storage"] == "900Gi"
+    assert {"name": "umbp-ssd", "mountPath": "/mnt/umbp-ssd"} in holder["volumeMounts"]
+    names = {c["name"] for c in all_containers(p.objects)}
+    assert ("umbp-ssd" in names) == (engine == "mori")
 
 
 @pytest.mark.parametrize(

@@ -2,18 +2,22 @@
 afresh from the router) is a serving check, so the next pod restarts only once the router
 routes to the restarted one (``Reconciler._serving_checks``, ``router_status.routed_pods``).
 The rollout decision's side of it is in test_rollout_decide.py (a serving check holds the next
-pod). Real: the planner, the reconciler; faked: the API client and the router's answer."""
+pod). Real: the planner, the reconciler, the rollout decision; faked: the API client and the
+router's answer."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
-from hicache_operator.api.config import OperatorConfig
+from hicache_operator.api.config import OperatorConfig, RolloutConfig
+from hicache_operator.controller import inplace
 from hicache_operator.controller.reconcile import Reconciler
+from hicache_operator.controller.rollout import IN_PLACE_ANNOTATION, Decision
 from hicache_operator.controller.router_status import (
     RouterObservation,
     routed_pods,
@@ -21,6 +25,8 @@ from hicache_operator.controller.router_status import (
 )
 from hicache_operator.plan import plan
 from shc_testlib import load_example
+from test_rollout_decide import NEW, NOW, OLD, _live, _sts
+from test_rollout_decide import _pod as _api_pod
 
 
 def _pod(name: str, ip: str | None) -> dict[str, Any]:
@@ -31,8 +37,9 @@ def test_the_routed_pods_are_the_router_s_healthy_workers_by_pod_ip() -> None:
     pods = [_pod("a-0", "10.0.0.1"), _pod("a-1", "10.0.0.2"), _pod("a-2", None)]
     seen = RouterObservation(frozenset({"10.0.0.2", "10.9.9.9"}), workers=3)
     assert routed_pods(pods, seen) == {"a-1"}
-    # an unreadable router routes to none of them: the rollout waits (it does not fail)
-    assert routed_pods(pods, RouterObservation(None, error="GET /workers failed")) == set()
+    # an unreadable router: nobody knows which pods it routes to (None, never "none of them",
+    # which made every pod look unavailable anyway and restarted them all: issue 25, item 1)
+    assert routed_pods(pods, RouterObservation(None, error="GET /workers failed")) is None
 
 
 class _Kube:
@@ -81,3 +88,52 @@ def test_a_rollout_asks_the_router_where_it_serves_the_cr(
     alone = plan(single, OperatorConfig())
     assert alone.router is None
     assert rec._serving_checks(alone, live, ("ns", name)) == []
+
+
+def test_a_serving_check_holds_the_next_pod_until_the_restarted_one_is_back() -> None:
+    """The extension point for a router's worker set: a Ready pod that a check does not list
+    yet is not done, so the next pod waits; a check that cannot tell holds the rollout; the
+    checks are asked only while a rollout runs."""
+    cr = copy.deepcopy(load_example("cpu/tiny-llama-standalone.yaml"))
+    cr["metadata"]["namespace"] = "ns"
+    cr["spec"].update(replicas=3, image="engine:2", updateStrategy={"type": "InPlaceIfPossible"})
+    cr["spec"]["l3"]["image"] = "engine:1"
+    planned = plan(cr, OperatorConfig())
+    new = next(o for o in planned.objects if o["kind"] == "StatefulSet")
+    old = _sts("engine:1")
+    restarted = _api_pod(new, 2, NEW, container_id="c-2")
+    restarted["metadata"]["annotations"][IN_PLACE_ANNOTATION] = json.dumps(
+        {"revision": NEW, "containerID": "c-1", "requestedAt": "2027-01-15T08:00:00Z"})
+    pods = [_api_pod(old, 0, OLD), _api_pod(old, 1, OLD), restarted]
+    asked: list[list[str]] = []
+    workers: set[str] | str = {"tiny-llama-sa-0", "tiny-llama-sa-1"}
+
+    class Router:
+        async def __call__(self, cr: Mapping[str, Any],
+                           pods: Sequence[Mapping[str, Any]]) -> set[str] | str:
+            asked.append(sorted(p["metadata"]["name"] for p in pods))
+            return workers
+
+    def run(pods: list[dict[str, Any]]) -> Decision | None:
+        desired = {(o["apiVersion"], o["kind"], o["metadata"]["name"]): o
+                   for o in planned.objects}
+        live = {(new["apiVersion"], "StatefulSet", new["metadata"]["name"]):
+                _live(new, NEW, OLD)}
+        settings = RolloutConfig(drain_grace_seconds=0, prepull=False)
+        return asyncio.run(inplace.decide(planned, cr, desired, live, pods, [Router()],
+                                          settings, clock=lambda: NOW))
+
+    held = run(pods)
+    assert held is not None and held.patches == () and held.gates == ()
+    assert held.status is not None and held.status["restarting"] == ["tiny-llama-sa-2"]
+    workers = {"tiny-llama-sa-0", "tiny-llama-sa-1", "tiny-llama-sa-2"}  # routed again
+    moved = run(pods)
+    assert moved is not None and [(g.pod, g.ready) for g in moved.gates] == [
+        ("tiny-llama-sa-1", False)]
+    workers = "the router's worker list cannot be read"
+    unknown = run(pods)
+    assert unknown is not None and unknown.gates == () and unknown.patches == ()
+    assert unknown.status is not None and unknown.status["waiting"] == workers
+    asked.clear()
+    done = [_api_pod(new, i, NEW) for i in range(3)]
+    assert run(done) is not None and asked == []  # no rollout: the router is not asked

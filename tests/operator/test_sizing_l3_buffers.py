@@ -1,6 +1,8 @@
 """The L3 client's host buffers in the engine's memory: write-back ring and embedded SSD staging,
 without the model's page geometry (``model.kvBytesPerToken`` unset: 8 MiB page parts assumed;
 the examples' geometry is removed here). With the geometry: test_sizing_page_geometry.py.
+The examples' SSD tiers run on the mori engine here (its embedded staging and sidecar); the
+hicache engine's memory: test_sizing_ssd_engine.py.
 
 Everything is real: the planner, the backend's env contract it renders and parses back, the
 backend's constants it sizes with. No fakes. Expected numbers are worked out by hand.
@@ -18,7 +20,7 @@ from hicache_operator.plan import Plan, SpecError, plan
 from hicache_operator.plan.summary import render_summary
 from hicache_umbp.contract.settings import BY_KEY
 from hicache_umbp.contract.staging import SSD_STAGING_SLOTS, SSD_VALUE_BYTES_DEFAULT
-from shc_testlib import load_example
+from shc_testlib import load_example, mori_ssd
 
 GI = 1024**3
 MI = 1024**2
@@ -29,6 +31,8 @@ QUEUE_ENV = BY_KEY["umbp_tier_queue_bytes"].env
 def _plan(example: str, mutate: Callable[[dict[str, Any]], Any] | None = None) -> Plan:
     cr = copy.deepcopy(load_example(example))
     cr["spec"]["model"].pop("kvBytesPerToken", None)
+    if "ssd" in cr["spec"]["l3"]:
+        mori_ssd(cr["spec"])
     if mutate:
         mutate(cr["spec"])
     return plan(cr, CONFIG)

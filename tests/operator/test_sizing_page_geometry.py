@@ -1,6 +1,10 @@
 """The L3 staging memory from the model's page geometry (``spec.model.kvBytesPerToken``), the
 umbp-ssd sidecar's slots, and the pageSize values the pod's store would refuse.
 
+The examples' SSD tiers run here on the mori engine (``spec.l3.ssd.engine: mori``), whose
+staging and sidecar these tests work out by hand; the hicache engine's sizing is in
+test_sizing_ssd_engine.py (and the refusal check below runs on both engines).
+
 Everything is real: the planner, the env it renders and the backend's own loader, staging
 formulas and page check (``hicache_umbp.build.page_size_problems``). No fakes. Expected numbers
 are worked out by hand in each docstring.
@@ -26,8 +30,8 @@ from hicache_umbp.contract.load import load_launch_config, render_env
 from hicache_umbp.contract.page_limits import page_size_problems
 from hicache_umbp.contract.settings import BY_KEY
 from hicache_umbp.contract.staging import SSD_STAGING_SLOTS, ssd_keys_per_call
-from shc_testlib import all_containers
-from shc_testlib import example_cr as _cr
+from shc_testlib import all_containers, mori_ssd
+from shc_testlib import example_cr as _example_cr
 
 GI = 1024**3
 MI = 1024**2
@@ -38,6 +42,16 @@ L70 = "llama-3.1-70b-mi355x.yaml"  # MHA, TP4, standalone, kvBytesPerToken 327,6
 L405 = "llama-3.1-405b-mi355x.yaml"  # MHA, TP8, embedded, kvBytesPerToken 516,096
 
 Mutation = Callable[[dict[str, Any]], Any]
+
+
+def _cr(example: str, *mutations: Mutation) -> dict[str, Any]:
+    """The example on the mori SSD engine (module docstring), then ``mutations``."""
+    return _example_cr(example, mori_ssd, *mutations)
+
+
+def hicache_ssd(spec: dict[str, Any]) -> None:
+    """Mutation: back to the hicache engine (after :func:`_cr`'s mori)."""
+    spec["l3"]["ssd"]["engine"] = "hicache"
 
 
 def _plan(example: str, *mutations: Mutation) -> Plan:
@@ -386,11 +400,16 @@ CASES = [
     )
     for n, extra in itertools.product([1, 16, 64, 128, 1024, 3250, 4096], extras)
 ]
+#: The same on the hicache engine (its tier holds the pod's pages on its drives, one 4 KiB-
+#: aligned slot per part; no staging, no sidecar), for small, usual and huge pages.
+OURS = [(example, n, [hicache_ssd, *extra]) for example, n, extra in CASES
+        if n in (1, 64, 4096)]
 
 
 @pytest.mark.parametrize(
-    ("example", "n", "extra"), CASES,
-    ids=[f"{e.split('-mi')[0]}-p{n}-{i % 6}" for i, (e, n, _) in enumerate(CASES)],
+    ("example", "n", "extra"), CASES + OURS,
+    ids=[f"{e.split('-mi')[0]}-p{n}-{i % 6}{'-hicache' if i >= len(CASES) else ''}"
+         for i, (e, n, _) in enumerate(CASES + OURS)],
 )
 def test_the_planner_refuses_exactly_what_the_pods_store_refuses(
     example: str, n: int, extra: list[Mutation]
@@ -408,7 +427,8 @@ def test_the_planner_refuses_exactly_what_the_pods_store_refuses(
         return
     assert reasons == [], f"planner accepted a page the store refuses: {reasons}"
     assert _env(p) == env  # the env checked is the env the pod gets
-    if example != L405:  # standalone SSD: the sidecar stages one whole page per batch
+    if example != L405 and hicache_ssd not in extra:  # standalone mori SSD: the sidecar
+        # stages one whole page per batch
         page = p.sizing.page
         assert page is not None
         assert int(_sidecar_env(p)["UMBP_DISTRIBUTED_DRAM_PAGE_SIZE"]) == int(env[SLOT_ENV])

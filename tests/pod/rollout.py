@@ -7,7 +7,9 @@ do for the new plan, exactly as the operator asks it; its JSON patch is applied 
 old one (what the operator's ConfigMap holds during a rollout), and the kubelet imitation is told
 about the updated pod (``Pod.update``): a changed image restarts that container, changed
 annotations rewrite the downward API files (the launcher's watcher restarts the engine on a new
-configuration revision).
+configuration revision). The operator's readiness gate is stepped through as the operator does
+it (condition False, the kubelet's Ready False, then the patch); nothing routes to the single
+pod here, so the gate changes no traffic.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ OLD_REVISION, NEW_REVISION = "engine-rev-1", "engine-rev-2"
 
 def api_pod(pod: Pod, revision: str) -> dict[str, Any]:
     """The pod as ``kubectl get pod -o json`` would show it, for the operator's decision."""
+    from hicache_operator.builders.context import IN_PLACE_READY_GATE
+
     engine = pod.container("engine")
     status = {"name": "engine", "ready": engine.ready, "restartCount": engine.restarts,
               "containerID": f"pod-tier://{pod.meta.name}/engine/{engine.generation}",
@@ -33,6 +37,10 @@ def api_pod(pod: Pod, revision: str) -> dict[str, Any]:
                          "annotations": dict(pod.meta.annotations)},
             "spec": copy.deepcopy(pod.spec),
             "status": {"phase": "Running", "containerStatuses": [status], "conditions": [
+                {"type": "ContainersReady", "status": "True" if engine.ready else "False"},
+                # the operator opened the pod's readiness gate when the pod was made
+                {"type": IN_PLACE_READY_GATE, "status": "True",
+                 "lastTransitionTime": "2027-01-15T08:00:00Z"},
                 {"type": "Ready", "status": "True" if engine.ready else "False"}]}}
 
 
@@ -72,7 +80,17 @@ def roll_in_place(pod: Pod, old: PlannedPod, new: PlannedPod) -> dict[str, Any]:
             "status": {"observedGeneration": 2, "updateRevision": NEW_REVISION,
                        "currentRevision": OLD_REVISION}}
     before = api_pod(pod, OLD_REVISION)
-    decision = decide(target_of(sts, 0, None), live, [before], serving=lambda p: True,
+    # First the operator takes the pod out of rotation (its readiness gate; the kubelet then
+    # reports it not Ready), then, the drain grace over (0 here), it patches the engine.
+    closing = decide(target_of(sts, 0, None), live, [before], serving=lambda p: True,
+                     live_configs=frozenset(), previous=None, now=time.time(),
+                     restart_timeout_s=300)
+    assert [(g.pod, g.ready) for g in closing.gates] == [(pod.meta.name, False)], closing
+    before = json_patch(before, closing.gates[0].ops)
+    before["status"]["conditions"] = [
+        {**c, "status": "False"} if c["type"] == "Ready" else c
+        for c in before["status"]["conditions"]]
+    decision = decide(target_of(sts, 0, None), live, [before], serving=lambda p: False,
                       live_configs=frozenset(), previous=None, now=time.time(),
                       restart_timeout_s=300)
     assert [p.pod for p in decision.patches] == [pod.meta.name], decision

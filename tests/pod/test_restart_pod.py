@@ -84,12 +84,13 @@ def test_standalone_l3_serves_storage_hits_after_an_engine_restart(
 
 
 @pytest.mark.timeout(1200)
-def test_embedded_l3_starts_cold_after_an_engine_restart(
+def test_embedded_mori_ssd_starts_cold_after_an_engine_restart(
         node, image, workdir: Path, models_dir: Path) -> None:
-    """What the embedded SSD tier does with its directory on an engine restart: the emptyDir
-    (same pod) still holds the segment files, and mori 1.2.4's SSD node discards them when it
-    starts (docs/operations.md, "Warm cache across restarts"): no storage hit, said in the log."""
-    cr = load_cr("cpu/tiny-llama-embedded.yaml")
+    """What mori's SSD node (``spec.l3.ssd.engine: mori``, still selectable) does with its
+    directory on an engine restart: the emptyDir (same pod) still holds the segment files, and
+    mori 1.2.4's SSD node discards them when it starts (docs/operations.md, "Warm cache across
+    restarts"): no storage hit, said in the log. Our SSD tier keeps them: test_ssd_pod.py."""
+    cr = load_cr("cpu/tiny-llama-embedded.yaml", **{"spec.l3.ssd.engine": "mori"})
     with running_pod(cr, node, image, workdir, models_dir) as (pod, c):
         c.generate(PROMPT)
         for text in fillers(4):

@@ -69,6 +69,8 @@ FROM_CR: dict[str, str] = {
     "ssd_allow_posix_fallback": "spec.l3.ssd.allowPosixFallback",
     "extra_args": "`--enable-metrics` (operator configuration) + spec.engine.extraArgs",
     "report_path": "the run volume's mount",
+    "engine_stop_grace_s": "the engine's host pools (planner.pod_overhead); InPlaceIfPossible "
+                           "only",
 }
 
 #: The same meaning under other names further down the pod.

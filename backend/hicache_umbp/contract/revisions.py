@@ -16,6 +16,9 @@ from typing import Final
 CONFIG_ANNOTATION: Final = "hicache.sglang.ai/config-hash"
 #: The engine container's variable holding that annotation (resolved at container start).
 CONFIG_REVISION_ENV: Final = "HICACHE_CONFIG_REVISION"
+#: ``kubectl rollout restart`` writes it into the pod template; the operator carries it to each
+#: pod in place, and a new value restarts the engine like a new configuration revision does.
+RESTARTED_AT_ANNOTATION: Final = "kubectl.kubernetes.io/restartedAt"
 #: ConfigMap keys (so variables under ``envFrom``) holding one revision's environment each.
 CONFIG_KEY_PREFIX: Final = "HICACHE_CONFIG_"
 

@@ -273,6 +273,12 @@ SETTINGS: tuple[Setting, ...] = (
        "GPU's NUMA node; none: no binding.", choices=("auto", "none"), scope="launch"),
     _s("ssd_allow_posix_fallback", "bool", False, "Use posix I/O when io_uring is unavailable "
        "instead of failing.", scope="launch"),
+    _s("engine_stop_grace_s", "int", 110, "Seconds from the SIGTERM the launcher's configuration "
+       "watcher sends (updateStrategy InPlaceIfPossible, after the drain) to its SIGKILL: the "
+       "release of the engine's host pools plus the rest of the exit, the same share of "
+       "terminationGracePeriodSeconds the kubelet allows after its own drain (the operator "
+       "renders it from the pools, planner.pod_overhead).", minimum=1, maximum=86400,
+       scope="launch"),
     _s("extra_args", "str", "[]", "JSON list of extra SGLang arguments (operator-owned flags "
        "are rejected before they get here).", scope="launch"),
     _s("report_path", "str", REPORT_PATH, "Where the launcher writes "
@@ -396,6 +402,7 @@ class LaunchConfig:
     host_pool_ratio: float
     numa_policy: str
     ssd_allow_posix_fallback: bool
+    engine_stop_grace_s: int
     extra_args: tuple[str, ...]
     report_path: str
     l3_backend: str

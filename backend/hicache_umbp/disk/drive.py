@@ -122,6 +122,7 @@ class Drive:
             self.close()
             raise
         self.index = SlotIndex(self._index_fd, geo.nslots, geo.ways)
+        self.io_threads = io_threads
         self._pool = ThreadPoolExecutor(io_threads, thread_name_prefix="hicache-disk")
 
     # -------------------------------------------------------------------------- opening

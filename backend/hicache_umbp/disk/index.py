@@ -34,6 +34,8 @@ from typing import Literal
 from .layout import COMMITTED, ENTRY, ENTRY_BYTES, FREE, SUPERBLOCK_BYTES, WRITING
 
 Claim = Literal["present", "busy"]
+#: The state field's offset in an entry (little endian: its low byte comes first).
+_STATE_OFFSET = 32
 
 
 @dataclass(frozen=True)
@@ -174,30 +176,30 @@ class SlotIndex:
                         n += 1
         return n
 
+    def _states(self) -> bytes:
+        """The low byte of every entry's state, one byte per slot (a strided slice of one copy of
+        the index: C speed, ~1 ms for 262,144 slots instead of a Python loop over them)."""
+        end = SUPERBLOCK_BYTES + self.nslots * ENTRY_BYTES
+        return self._mm[SUPERBLOCK_BYTES + _STATE_OFFSET : end : ENTRY_BYTES]
+
     def recover(self) -> int:
         """Free every slot left *writing* (its writer died mid-write): only the process that
         opened the drive exclusively may call this. Returns how many."""
+        states = self._states()
         n = 0
-        for slot in range(self.nslots):
+        slot = states.find(WRITING)
+        while slot >= 0:
             _d, state, gen, _s, _t, _p, _r = self._entry(slot)
             if state == WRITING:
                 self._free(slot, gen)
                 n += 1
+            slot = states.find(WRITING, slot + 1)
         return n
 
     def counts(self) -> tuple[int, int]:
         """(committed, writing) slots now."""
-        committed = writing = 0
-        view = memoryview(self._mm)[SUPERBLOCK_BYTES : SUPERBLOCK_BYTES + self.nslots * ENTRY_BYTES]
-        try:
-            for entry in ENTRY.iter_unpack(view):
-                if entry[1] == COMMITTED:
-                    committed += 1
-                elif entry[1] == WRITING:
-                    writing += 1
-        finally:
-            view.release()
-        return committed, writing
+        states = self._states()
+        return states.count(COMMITTED), states.count(WRITING)
 
     def sync(self) -> None:
         """msync: the index on disk (strict durability)."""

@@ -19,14 +19,15 @@ Nothing here raises into the caller on the data path: errors become ``False`` en
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TypeVar
 
 from ..contract.settings import BY_KEY, ConfigError
 from ..store.ratelimit import RateLimitedLog
@@ -37,6 +38,7 @@ from .layout import identity_of, key_digest, slot_bytes_for
 __all__ = ["DiskStats", "DiskStore"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -135,7 +137,7 @@ class DiskStore:
             return [False] * n
         t0 = time.perf_counter_ns()
         out = [False] * n
-        pending: list[tuple[int, Drive, Slot, bytes, Future[str | None]]] = []
+        claimed: list[tuple[int, Drive, Slot, bytes, int]] = []
         seen: set[bytes] = set()
         evicted = busy = 0
         for i, key in enumerate(keys):
@@ -161,13 +163,14 @@ class DiskStore:
             else:
                 assert isinstance(got, Slot)
                 evicted += ev
-                pending.append((i, drive, got, digest,
-                                drive.submit(self._write_one, drive, got, digest,
-                                             int(ptrs[i]))))
+                claimed.append((i, drive, got, digest, int(ptrs[i])))
+        results = _in_drive_threads([
+            (drive, functools.partial(self._write_one, drive, slot, digest, ptr))
+            for _i, drive, slot, digest, ptr in claimed])
         errors = committed = stored_bytes = 0
         to_commit: dict[Drive, list[tuple[int, Slot, bytes]]] = {}
-        for i, drive, slot, digest, fut in pending:
-            err = _result_of(fut)
+        for (i, drive, slot, digest, _ptr), res in zip(claimed, results, strict=True):
+            err = res if not isinstance(res, BaseException) else repr(res)
             if err == "committed":
                 out[i] = True
                 committed += 1
@@ -200,7 +203,7 @@ class DiskStore:
             s = self._stats
             s.written_keys += committed
             s.written_bytes += stored_bytes
-            s.write_ns += time.perf_counter_ns() - t0 if pending else 0
+            s.write_ns += time.perf_counter_ns() - t0 if claimed else 0
             s.evictions += evicted
             s.pages += committed - evicted
             s.write_errors += errors
@@ -231,26 +234,26 @@ class DiskStore:
             return [False] * n
         t0 = time.perf_counter_ns()
         out = [False] * n
-        reads: list[tuple[int, Drive, Slot, bytes, Future[Any]]] = []
-        for i, key in enumerate(keys):
+        reads: list[tuple[int, Drive, Slot, bytes, int]] = []
+        for i, key in enumerate(keys):  # every lookup before any I/O: no GIL contention
             digest = key_digest(key)
             drive = self._drive_of(digest)
             found = drive.index.find(digest)
-            if found is None or found.size != int(sizes[i]):
-                continue
-            reads.append((i, drive, found, digest,
-                          drive.submit(drive.pread, found, int(ptrs[i]))))
+            if found is not None and found.size == int(sizes[i]):
+                reads.append((i, drive, found, digest, int(ptrs[i])))
+        results = _in_drive_threads([
+            (drive, functools.partial(self._read_one, drive, found, digest, ptr))
+            for _i, drive, found, digest, ptr in reads])
         got_bytes = errors = overwritten = 0
-        for i, drive, found, digest, fut in reads:
-            err = _error_of(fut)
-            if err is not None:
+        for (i, drive, found, _digest, _ptr), res in zip(reads, results, strict=True):
+            if isinstance(res, BaseException):
                 errors += 1
+                err = os.strerror(res.errno) if isinstance(res, OSError) and res.errno else res
                 self._warn.warn("read", "SSD tier %s: a page read failed (%s); served as a "
                                 "miss", drive.directory, err)
-            elif drive.index.still(found, digest):
+            elif res:
                 out[i] = True
                 got_bytes += found.size
-                drive.index.touch(found.slot)
             else:
                 overwritten += 1
         with self._lock:
@@ -262,6 +265,15 @@ class DiskStore:
             s.read_errors += errors
             s.overwritten += overwritten
         return out
+
+    @staticmethod
+    def _read_one(drive: Drive, found: Slot, digest: bytes, ptr: int) -> bool:
+        """In a drive thread: read, then True when the slot still held the page afterwards."""
+        drive.pread(found, ptr)
+        if not drive.index.still(found, digest):
+            return False
+        drive.index.touch(found.slot)
+        return True
 
     def batch_exists(self, keys: Sequence[str]) -> list[bool]:
         out = []
@@ -349,19 +361,28 @@ class DiskStore:
         return self.drives[int.from_bytes(digest[:8], "little") % len(self.drives)]
 
 
-def _result_of(fut: Future[str | None]) -> str | None:
-    try:
-        return fut.result()
-    except Exception as e:  # never into the caller
-        return repr(e)
+def _in_drive_threads(jobs: Sequence[tuple[Drive, Callable[[], T]]]) -> list[T | Exception]:
+    """Run each job in its drive's threads: a drive's jobs dealt round-robin into one chunk
+    per I/O thread, each chunk one task (a future and a GIL hand-over per chunk, not per page:
+    per-page tasks made the threads fight the caller for the GIL). Results (or the exception a
+    job raised) in the jobs' order."""
+    out: list[T | Exception | None] = [None] * len(jobs)
 
+    def run(idx: list[int]) -> None:
+        for j in idx:
+            try:
+                out[j] = jobs[j][1]()
+            except Exception as e:  # reported per job, never into the caller
+                out[j] = e
 
-def _error_of(fut: Future[Any]) -> str | None:
-    try:
+    by_drive: dict[Drive, list[int]] = {}
+    for j, (drive, _job) in enumerate(jobs):
+        by_drive.setdefault(drive, []).append(j)
+    futures: list[Future[None]] = []
+    for drive, idx in by_drive.items():
+        k = min(drive.io_threads, len(idx))
+        futures += [drive.submit(run, idx[c::k]) for c in range(k)]
+    for fut in futures:
         fut.result()
-    except OSError as e:
-        return os.strerror(e.errno) if e.errno else str(e)
-    except Exception as e:  # never into the caller
-        return repr(e)
-    return None
+    return out  # type: ignore[return-value]
 

@@ -93,7 +93,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     if revision is not None:
         # restarts the engine (after a drain) when the pod's revision changes
         start_watcher(root, revision, port=plan.config.port,
-                      wait_l3=plan.config.store.umbp_mode == "standalone")
+                      wait_l3=plan.config.store.umbp_mode == "standalone",
+                      grace_s=plan.config.engine_stop_grace_s)
     os.execve(plan.command.argv[0], list(plan.command.argv), plan.child_env)
     return 0  # not reached
 

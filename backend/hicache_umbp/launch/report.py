@@ -9,6 +9,12 @@ exec'd, and also when a check fails (``ok: false`` with the reason and message),
 "unknown"|"none", "hugepages": {...}, "ssd": {...}|null,
 "standalone": {...}|null, "fallbacks": [...], "warnings": [...], "argv": [...],
 "env": {...}}``
+
+``ssd`` (:class:`~hicache_umbp.launch.ssd.SsdResult`): ``engine`` (``hicache`` | ``mori``),
+``capacity_bytes`` (the pod's), ``free_bytes``, ``used_by_cache_bytes``, ``io_backend``; the
+hicache engine lists ``drives`` (``dir``, ``need_bytes``: share plus index, ``free_bytes``,
+``held_bytes``: what ``hicache-disk/`` already held), mori's embedded SSD node ``rank_dirs``.
+Keys are only added within schema 1 (``engine`` and ``drives`` were), never renamed.
 """
 
 from __future__ import annotations

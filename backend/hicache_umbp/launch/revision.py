@@ -40,6 +40,7 @@ from ..contract.revisions import (
     CONFIG_ANNOTATION,
     CONFIG_KEY_PREFIX,
     CONFIG_REVISION_ENV,
+    RESTARTED_AT_ANNOTATION,
     config_key,
     is_revision_variable,
 )
@@ -51,7 +52,7 @@ log = logging.getLogger("hicache_umbp.launch")
 
 __all__ = ["ANNOTATIONS_FILE", "CONFIG_ANNOTATION", "CONFIG_KEY_PREFIX", "CONFIG_REVISION_ENV",
            "POD_INFO_DIR", "annotated_revision", "config_key", "parse_annotations",
-           "select_revision", "start_watcher", "watch_revision"]
+           "restart_requested", "select_revision", "start_watcher", "watch_revision"]
 
 #: How often the watcher reads the annotations file.
 WATCH_INTERVAL_S = 1.0
@@ -60,7 +61,10 @@ WATCH_INTERVAL_S = 1.0
 #: ``planner.pod_overhead.DRAIN_TIMEOUT_S``); the pod is not terminating, so there is no
 #: endpoint delay. Standalone, it then waits for L3 (``drain.L3_CATCH_UP_TIMEOUT_S`` at most).
 STOP_DRAIN_TIMEOUT_S = 300.0
-#: Then SIGTERM, and SIGKILL after this (SGLang's stop releases its host pool meanwhile).
+#: Then SIGTERM, and SIGKILL after this (SGLang's stop releases its host pool meanwhile) unless
+#: the pod says otherwise: the operator renders ``HICACHE_ENGINE_STOP_GRACE_S`` from the pools
+#: (``planner.pod_overhead.engine_stop_grace_seconds``, the share of the pod's grace period the
+#: kubelet allows after its own drain), so both stops give the engine the same time.
 STOP_GRACE_S = 110.0
 
 
@@ -121,18 +125,26 @@ def annotated_revision(root: NodeRoot, path: str = ANNOTATIONS_FILE) -> str | No
     return None if text is None else parse_annotations(text).get(CONFIG_ANNOTATION)
 
 
+def restart_requested(root: NodeRoot, path: str = ANNOTATIONS_FILE) -> str:
+    """The pod's ``kubectl.kubernetes.io/restartedAt`` annotation now ("" when none)."""
+    text = root.read_text(path)
+    return "" if text is None else parse_annotations(text).get(RESTARTED_AT_ANNOTATION, "")
+
+
 def watch_revision(root: NodeRoot, started: str, engine_pid: int, *,
                    path: str = ANNOTATIONS_FILE, interval_s: float = WATCH_INTERVAL_S,
                    grace_s: float = STOP_GRACE_S,
                    alive: Callable[[int], bool] | None = None,
                    kill: Callable[[int, int], None] = os.kill,
                    sleep: Callable[[float], None] = time.sleep,
-                   drain_first: Callable[[], tuple[bool, str]] | None = None) -> str:
-    """Wait until the pod's annotation names another revision than ``started``, then stop the
-    engine: ``drain_first`` (the requests in flight finish), SIGTERM, SIGKILL after
-    ``grace_s``. Returns the new revision, or ``""`` when the engine ended first. A missing file
-    or annotation is not a change (a volume being updated is replaced atomically, so a read
-    never sees half a file)."""
+                   drain_first: Callable[[], tuple[bool, str]] | None = None,
+                   restarted_at: str | None = None) -> str:
+    """Wait until the pod's annotation names another revision than ``started`` (or, given
+    ``restarted_at``, its ``restartedAt`` annotation differs from it: ``kubectl rollout
+    restart`` carried in place by the operator), then stop the engine: ``drain_first`` (the
+    requests in flight finish), SIGTERM, SIGKILL after ``grace_s``. Returns the revision, or
+    ``""`` when the engine ended first. A missing file or annotation is not a change (a volume
+    being updated is replaced atomically, so a read never sees half a file)."""
     def running(pid: int) -> bool:
         # The engine is this watcher's parent: once it ends the watcher is re-parented (an
         # ended engine's pid may linger as a zombie, so kill(pid, 0) would not tell).
@@ -143,6 +155,11 @@ def watch_revision(root: NodeRoot, started: str, engine_pid: int, *,
             return ""
         now = annotated_revision(root, path)
         if now and now != started:
+            break
+        if restarted_at is not None and now and \
+                restart_requested(root, path) not in ("", restarted_at):
+            log.warning("restart requested (%s: %s)", RESTARTED_AT_ANNOTATION,
+                        restart_requested(root, path))
             break
         sleep(interval_s)
     log.warning("configuration revision changed from %s to %s (%s): stopping the engine so "
@@ -162,7 +179,8 @@ def watch_revision(root: NodeRoot, started: str, engine_pid: int, *,
 
 
 def start_watcher(root: NodeRoot, started: str, path: str = ANNOTATIONS_FILE, *,
-                  port: int | None = None, wait_l3: bool = False) -> int | None:
+                  port: int | None = None, wait_l3: bool = False,
+                  grace_s: float = STOP_GRACE_S) -> int | None:
     """Fork the watcher for the process about to exec the engine (this process's pid is the
     engine's after ``execve``); with ``port`` (the engine's HTTP port) it drains the engine
     before stopping it, and with ``wait_l3`` (standalone: the sidecars keep L3 for the
@@ -174,6 +192,7 @@ def start_watcher(root: NodeRoot, started: str, path: str = ANNOTATIONS_FILE, *,
                     "engine by itself", path)
         return None
     engine_pid = os.getpid()
+    restarted_at = restart_requested(root, path)
     pid = os.fork()
     if pid:
         return pid
@@ -189,8 +208,9 @@ def start_watcher(root: NodeRoot, started: str, path: str = ANNOTATIONS_FILE, *,
         return drained and caught_up, f"{message}; {l3_message}"
 
     try:  # the child: never return into the launcher
-        watch_revision(root, started, engine_pid, path=path,
-                       drain_first=drain_engine if port is not None else None)
+        watch_revision(root, started, engine_pid, path=path, grace_s=grace_s,
+                       drain_first=drain_engine if port is not None else None,
+                       restarted_at=restarted_at)
     except BaseException:
         log.exception("the configuration watcher failed")
         code = 1

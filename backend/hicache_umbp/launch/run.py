@@ -197,9 +197,15 @@ def plan_launch(
     # 5. SSD tier
     ssd = prepare_ssd(root, cfg, io_uring_probe)
     if ssd is None:
-        log.info("ssd: no embedded SSD tier (%s)",
+        log.info("ssd: no SSD tier in the engine (%s)",
                  "served by the ssd sidecar" if store.umbp_mode == "standalone"
                  and store.umbp_ssd_enabled else "disabled")
+    elif ssd.engine == "hicache":
+        report["ssd"] = ssd.as_dict()
+        log.info("ssd: hicache engine on %d drive(s) (%s), %s planned for the pod, %s free, "
+                 "%s already held, io %s: ok", len(ssd.drives),
+                 ", ".join(d.dir for d in ssd.drives), fmt_bytes(ssd.capacity_bytes),
+                 fmt_bytes(ssd.free_bytes), fmt_bytes(ssd.used_by_cache_bytes), ssd.io_backend)
     else:
         report["ssd"] = ssd.as_dict()
         if ssd.io_backend_fallback:

@@ -34,9 +34,11 @@ _POLL_MAX_S = 1.0
 
 
 def media(store: StoreConfig) -> tuple[Medium, ...]:
-    """The media the sidecars serve: DRAM always, SSD when the SSD tier is enabled (the media
-    every rank's store opens, :func:`hicache_umbp.contract.media.l3_media`)."""
-    return l3_media("standalone", dram=True, ssd=store.umbp_ssd_enabled)
+    """The media the sidecars serve: DRAM always, SSD when the SSD tier is enabled on the mori
+    engine (:func:`hicache_umbp.contract.media.l3_media`); the hicache engine's SSD tier is in
+    the engine process, so then only the DRAM sidecar's socket is waited for."""
+    return l3_media("standalone", dram=True,
+                    ssd=store.umbp_ssd_enabled and store.umbp_ssd_engine == "mori")
 
 
 def socket_paths(store: StoreConfig) -> tuple[str, ...]:

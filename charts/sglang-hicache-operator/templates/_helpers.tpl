@@ -131,11 +131,16 @@ bind verb: the operator holds the same pod permissions below. */}}
   verbs: [get, list, watch, create, patch, delete]
 {{- /* Pods: status, and the pod IPs whose SGLang /metrics the operator reads over HTTP (no
 pods/proxy); patched by in-place rollouts (updateStrategy InPlaceIfPossible: engine image,
-labels, annotations; never deleted). SSD claims: grown when claimTemplate.size grows (patch),
-deleted with the CR on request. */}}
+labels, annotations; engine pods are never deleted), which also set their readiness gate's
+condition (pods/status) and create and delete short-lived pull pods (the new engine image
+pulled on a pod's node ahead of its restart: no privileges, no token). SSD claims: grown when
+claimTemplate.size grows (patch), deleted with the CR on request. */}}
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch, patch]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [""]
+  resources: [pods/status]
+  verbs: [patch]
 - apiGroups: [""]
   resources: [persistentvolumeclaims]
   verbs: [get, list, watch, patch, delete]

@@ -214,17 +214,39 @@ class CacheMetricsConfig(ApiModel):
 class RolloutConfig(ApiModel):
     """How the operator runs in-place rollouts (updateStrategy InPlaceIfPossible)."""
 
-    restart_timeout_seconds: int = Field(
-        default=600,
+    restart_timeout_seconds: int | None = Field(
+        default=None,
         ge=10,
         le=86400,
         description="An in-place update fails (Degraded InPlaceUpdateFailed, the rollout "
         "stops) when the pod's engine container is still the old one this long after the "
-        "update. For a new image the kubelet stops it at once (after the preStop drain); for "
-        "a new configuration the hicache launcher (the engine's command) stops it within "
-        "seconds, after letting the requests in flight finish (at most 300 s) and L3 catch "
-        "up with the host pool (at most 60 s), then SIGTERM (110 s before SIGKILL), so keep "
-        "this above 470 s.",
+        "update. Unset (the default): the pod's terminationGracePeriodSeconds plus 120 s, "
+        "since the kubelet (a new image) and the hicache launcher's watcher (a new "
+        "configuration) may each take the whole grace period to drain and stop the old engine "
+        "(planner.pod_overhead: 835 s for the DeepSeek-R1 example). A value below the pod's "
+        "grace period reports slow but legitimate restarts as failed.",
+    )
+    drain_grace_seconds: int = Field(
+        default=35,
+        ge=0,
+        le=3600,
+        description="After the operator sets a pod's readiness gate "
+        "(hicache.sglang.ai/in-place-ready) False, it waits this long before it restarts the "
+        "engine in place, so the Service's endpoints and the router stop sending it requests "
+        "first (smg drops a worker once its health checks fail: about 30 s).",
+    )
+    prepull: bool = Field(
+        default=True,
+        description="Pull a new engine image on each pod's node (a short-lived pull pod) "
+        "before that pod's engine restarts: the kubelet stops the old container before it "
+        "pulls, so without it the pull adds to the engine's downtime.",
+    )
+    prepull_timeout_seconds: int = Field(
+        default=1800,
+        ge=10,
+        le=86400,
+        description="A pull pod that has not pulled the image this long after it was made "
+        "stops the rollout (Degraded InPlaceUpdateFailed); the engine keeps its old image.",
     )
 
 

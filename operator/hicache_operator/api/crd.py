@@ -145,6 +145,7 @@ PRINTER_COLUMNS: list[Schema] = [
     _ratio_column("Hit", "total", "Prompt tokens served from any cache tier (last window)."),
     _ratio_column("Host-Hit", "host", "Prompt tokens served from the L2 host pool."),
     _ratio_column("L3-Hit", "storage", "Prompt tokens served from L3 (UMBP DRAM + SSD)."),
+    _ratio_column("SSD-Hit", "l3Ssd", "Prompt tokens served from L3's SSD tier."),
     {
         "name": "Model",
         "type": "string",
@@ -153,6 +154,14 @@ PRINTER_COLUMNS: list[Schema] = [
     },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     _ratio_column("Device-Hit", "device", "Prompt tokens served from the GPU KV cache.", 1),
+    _ratio_column("DRAM-Hit", "l3Dram", "Prompt tokens served from L3's UMBP DRAM tier.", 1),
+    {
+        "name": "SSD-Read",
+        "type": "integer",
+        "description": "SSD tier read bandwidth, bytes per second (last window).",
+        "priority": 1,
+        "jsonPath": ".status.cache.ssd.readBytesPerSecond",
+    },
     {
         "name": "L3-Writes",
         "type": "string",

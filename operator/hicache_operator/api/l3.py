@@ -37,9 +37,9 @@ class ClaimTemplate(ApiModel):
     delete_with_resource: bool = Field(
         default=False,
         description="Delete the per-pod SSD PVCs when the SGLangHiCache is deleted. By default "
-        "they are kept, with their data and binding (their pages are not served again: mori "
-        "1.2.4's SSD tier discards the segment files it finds when it starts); they are always "
-        "kept on scale-down.",
+        "they are kept, with their data and binding (with engine hicache a pod of the same "
+        "name, model and layout serves their pages again; mori 1.2.4's SSD tier discards the "
+        "segment files it finds when it starts); they are always kept on scale-down.",
     )
 
 
@@ -80,42 +80,105 @@ class SsdVolume(ApiModel):
     )
 
 
+#: Drive volumes one pod's SSD tier may span (spec.l3.ssd.volumes): 8 NVMe drives per MI355X
+#: server is usual; 16 leaves room without letting a CR mount hundreds of volumes.
+MAX_SSD_VOLUMES = 16
+#: SpecValid message of the mori engine given several drives (its SSD node takes one directory).
+MORI_ONE_VOLUME_MESSAGE = (
+    "engine mori stores in one directory (mori 1.2.4's SSD node takes one storage directory): "
+    "give it one volume, or use engine hicache to stripe pages over several drives"
+)
+
+
 class SsdTier(ApiModel):
     """UMBP SSD tier (L3), per pod."""
 
     model_config = cel_rules(
         (
-            "!has(self.enabled) || !self.enabled || (has(self.capacity) && has(self.volume))",
-            "an enabled SSD tier needs capacity and volume",
+            "!has(self.enabled) || !self.enabled || (has(self.capacity) && "
+            "(has(self.volume) || has(self.volumes)))",
+            "an enabled SSD tier needs capacity and volume (or volumes)",
+        ),
+        (
+            "!(has(self.volume) && has(self.volumes))",
+            "set exactly one of volume or volumes",
+        ),
+        (
+            "!has(self.volumes) || !has(self.engine) || self.engine != 'mori' || "
+            "size(self.volumes) <= 1",
+            MORI_ONE_VOLUME_MESSAGE,
         ),
     )
 
     enabled: bool = Field(default=False, description="Enable the SSD tier.")
+    engine: Literal["hicache", "mori"] = Field(
+        default="hicache",
+        description="What stores the SSD tier. hicache: this project's store (slot files per "
+        "drive read and written with O_DIRECT preadv/pwritev from a thread pool, one copy per "
+        "pod shared by its ranks, pages striped over the drives, kept across engine and pod "
+        "restarts on the same node and volume; no io_uring, so it runs under the "
+        "RuntimeDefault seccomp profile). mori: mori 1.2.4's SSD node (embedded per rank, or "
+        "the umbp-ssd sidecar in standalone mode; one volume; its files are discarded at "
+        "start; reads are bounded by its staging, docs/performance.md).",
+    )
     capacity: Quantity | None = Field(
         default=None,
-        description="SSD tier per pod (split across ranks in embedded mode); must fit "
-        "the volume minus headroomPercent.",
+        description="SSD tier per pod (engine hicache: one copy per pod, split evenly over "
+        "the volumes; engine mori: split across ranks in embedded mode); must fit each "
+        "volume's share minus headroomPercent.",
     )
-    volume: SsdVolume | None = Field(default=None, description="The SSD volume.")
+    volume: SsdVolume | None = Field(
+        default=None, description="The SSD volume (one drive); or use volumes.")
+    volumes: list[SsdVolume] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_SSD_VOLUMES,
+        description="The SSD tier's drives, one volume per NVMe drive (engine hicache; engine "
+        "mori takes one). Drive 0 is mounted at /mnt/umbp-ssd, drive i at /mnt/umbp-ssd-<i>; "
+        "per-pod claims are named umbp-ssd, umbp-ssd-1, ... The capacity is split evenly over "
+        "them, so give them the same size. Exactly one of volume or volumes.",
+    )
     headroom_percent: int = Field(
         default=5,
         ge=0,
         le=50,
         description="Part of the volume kept free (filesystem metadata, fragmentation).",
     )
+    io_threads: int = Field(
+        default=8,
+        ge=1,
+        le=256,
+        description="Engine hicache: I/O threads per drive, the queue depth each drive sees "
+        "(each thread is a stack in the engine's memory).",
+    )
+    direct_io: bool = Field(
+        default=True,
+        alias="directIO",
+        description="Engine hicache: move 4 KiB-aligned pages between the host pool and the "
+        "drive with O_DIRECT (no page cache, no copy); false, or a filesystem without "
+        "O_DIRECT, goes through the page cache.",
+    )
     io_backend: Literal["io_uring", "posix"] = Field(
-        default="io_uring", description="SSD I/O engine."
+        default="io_uring",
+        description="Engine mori only: its SSD I/O engine (engine hicache always uses "
+        "preadv/pwritev from threads and ignores this).",
     )
     allow_posix_fallback: bool = Field(
         default=False,
-        description="Use posix I/O when io_uring is unavailable (e.g. blocked by the "
-        "runtime's seccomp profile) instead of failing.",
+        description="Engine mori only: use posix I/O when io_uring is unavailable (e.g. "
+        "blocked by the runtime's seccomp profile) instead of failing.",
     )
     durability: Literal["relaxed", "strict"] = Field(
         default="relaxed",
         description="relaxed: the page cache may hold recent writes; strict: each "
         "batch is durable before it is acknowledged.",
     )
+
+    def drive_volumes(self) -> list[SsdVolume]:
+        """The drives: ``volumes``, or the one ``volume``."""
+        if self.volumes:
+            return list(self.volumes)
+        return [self.volume] if self.volume is not None else []
 
 
 class Tiering(ApiModel):
@@ -168,9 +231,10 @@ class L3(ApiModel):
         ),
         (
             "!has(self.mode) || self.mode != 'standalone' || !has(self.ssd) || "
-            "!has(self.ssd.enabled) || !self.ssd.enabled || !has(self.ssd.ioBackend) || "
+            "!has(self.ssd.enabled) || !self.ssd.enabled || !has(self.ssd.engine) || "
+            "self.ssd.engine != 'mori' || !has(self.ssd.ioBackend) || "
             "self.ssd.ioBackend == 'io_uring'",
-            "ssd.ioBackend posix cannot be honoured in standalone mode: the "
+            "ssd.ioBackend posix cannot be honoured in standalone mode with engine mori: the "
             "umbp_standalone_server of mori 1.2.4 always uses io_uring (and falls back to "
             "posix by itself); use io_uring or mode embedded",
         ),

@@ -117,7 +117,46 @@ class CacheHitRatio(ApiModel):
     device: float | None = Field(default=None, description="From the GPU KV cache.")
     host: float | None = Field(default=None, description="From the L2 host pool.")
     storage: float | None = Field(
-        default=None, description="From L3 (UMBP DRAM and SSD; SGLang does not tell them apart)."
+        default=None, description="From L3 (UMBP DRAM and SSD together, as SGLang counts it)."
+    )
+    l3_dram: float | None = Field(
+        default=None,
+        description="From L3's UMBP DRAM tier: storage's share of the pages the store served "
+        "from DRAM (hicache_umbp_l3_read_pages_total{tier=dram}) over the same window.",
+    )
+    l3_ssd: float | None = Field(
+        default=None,
+        description="From L3's SSD tier: storage's share of the pages the store served from "
+        "SSD (hicache_umbp_l3_read_pages_total{tier=ssd}) over the same window.",
+    )
+
+
+class SsdCacheStatus(ApiModel):
+    """The SSD tier as the store reports it (engine hicache), all pods together."""
+
+    read_bytes_per_second: int | None = Field(
+        default=None,
+        description="Read bandwidth over the last window: bytes read / wall time of the read "
+        "batches (the speed of a read while it runs, not utilisation).",
+    )
+    write_bytes_per_second: int | None = Field(
+        default=None, description="Write bandwidth over the last window, likewise."
+    )
+    pages: int | None = Field(default=None, description="Page parts held on the pods' drives.")
+    capacity_pages: int | None = Field(
+        default=None, description="Slots on the pods' drives (page parts they can hold)."
+    )
+    evictions: int | None = Field(
+        default=None, description="Page parts evicted for new ones in the last window."
+    )
+    read_errors: int | None = Field(
+        default=None,
+        description="Page parts the disk failed to read in the last window (served as misses).",
+    )
+    write_errors: int | None = Field(
+        default=None,
+        description="Page parts the disk failed to write in the last window (reported not "
+        "stored; l3Writes is Failing and the HiCacheSsdErrors alert fires).",
     )
 
 
@@ -136,7 +175,13 @@ class CacheStatus(ApiModel):
     l3_writes: Literal["Ok", "Failing"] | None = Field(
         default=None,
         description="Failing when L3 stores fewer than half the pages written to L2 (or "
-        "drops backups): the UMBP store refuses writes (an Event says so).",
+        "drops backups, or the SSD tier's disk fails writes): the UMBP store refuses writes "
+        "(an Event says so).",
+    )
+    ssd: SsdCacheStatus | None = Field(
+        default=None,
+        description="The SSD tier's bandwidth, fill and errors (engine hicache); rewritten "
+        "only when a figure moves by minRatioChange of itself, or an error count changes.",
     )
     window_seconds: int | None = Field(default=None, description="Window of the ratios.")
     pods: int | None = Field(default=None, description="Pods whose metrics were read.")
@@ -186,6 +231,16 @@ class RolloutStatus(ApiModel):
     pods: int = Field(description="Pods this rollout updates (ordinal >= partition).")
     restarting: list[str] = Field(
         default_factory=list, description="Pods whose engine restarts in place now."
+    )
+    preparing: list[str] = Field(
+        default_factory=list,
+        description="Pods getting ready for their in-place restart: the new image being pulled "
+        "on their node, or out of rotation (readiness gate False) for drainGraceSeconds.",
+    )
+    waiting: str | None = Field(
+        default=None,
+        description="Why no pod is restarted now although some are due (e.g. the router's "
+        "worker list cannot be read, so which pods serve is unknown).",
     )
     failed_pod: str | None = Field(
         default=None, description="The pod whose in-place update failed (the rollout stops)."

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hicache_umbp.contract.revisions import CONFIG_ANNOTATION
+from hicache_umbp.contract.revisions import RESTARTED_AT_ANNOTATION as RESTARTED_AT
 
 from ..api.config import OperatorConfig
 from ..api.k8s import IN_PLACE
@@ -25,6 +26,15 @@ CONFIG_HASH_ANNOTATION = CONFIG_ANNOTATION
 # InPlaceIfPossible: a digest of everything in the pod template that cannot change in place
 # (all but the engine image and the configuration revision); equal digests mean "in place".
 POD_HASH_ANNOTATION = "hicache.sglang.ai/pod-hash"
+# InPlaceIfPossible: a pod readiness gate the operator owns. It turns the condition False before
+# it restarts a pod's engine in place (Endpoints and the router drop the pod while it is still
+# healthy, so the drain sees no new requests) and True once the new engine is ready; a pod is
+# Ready only while every gate's condition is True (the kubelet's rule).
+IN_PLACE_READY_GATE = "hicache.sglang.ai/in-place-ready"
+# `kubectl rollout restart` writes RESTARTED_AT_ANNOTATION into the template; InPlaceIfPossible
+# carries it into the operator's template and restarts each engine in place for it
+# (controller.kubectl; the launcher's watcher restarts the engine when it changes).
+RESTARTED_AT_ANNOTATION = RESTARTED_AT
 
 
 def digest(value: Any) -> str:

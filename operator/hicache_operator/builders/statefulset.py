@@ -34,8 +34,13 @@ from ..planner.security import (
     sidecar_security_context,
 )
 from ..planner.sizing import ContainerSizing
-from ..planner.ssd import SSD_VOLUME
-from .context import CONFIG_HASH_ANNOTATION, POD_HASH_ANNOTATION, BuildInput, digest
+from .context import (
+    CONFIG_HASH_ANNOTATION,
+    IN_PLACE_READY_GATE,
+    POD_HASH_ANNOTATION,
+    BuildInput,
+    digest,
+)
 
 SHM_VOLUME = "dshm"
 RUN_VOLUME = "hicache-run"
@@ -79,8 +84,11 @@ def _engine_container(b: BuildInput) -> dict[str, Any]:
     ]
     if spec.model.volume is not None:
         mounts.append({"name": MODEL_VOLUME, "mountPath": spec.model.mount_path, "readOnly": True})
-    if b.ssd.enabled and not standalone:
-        mounts.append({"name": SSD_VOLUME, "mountPath": SSD_MOUNT})
+    # The SSD tier's drives: the hicache engine holds them in the engine in either mode, mori's
+    # SSD node only embedded (standalone, the umbp-ssd sidecar does).
+    engine_ssd = b.ssd.ours or (b.ssd.enabled and not standalone)
+    if engine_ssd:
+        mounts += b.ssd.mounts()
     if standalone:
         mounts.append({"name": SOCKET_VOLUME, "mountPath": SOCKET_DIR})
     env: list[dict[str, Any]] = [
@@ -100,7 +108,7 @@ def _engine_container(b: BuildInput) -> dict[str, Any]:
     def probe(path: str, timeout_s: int) -> dict[str, Any]:
         return {"httpGet": {"path": path, "port": "http"}, "timeoutSeconds": timeout_s}
 
-    ephemeral = b.ssd.ephemeral_bytes if (b.ssd.enabled and not standalone) else 0
+    ephemeral = b.ssd.ephemeral_bytes if engine_ssd else 0
     return {
         "name": "engine",
         "image": b.image,
@@ -159,7 +167,7 @@ def _sidecar(b: BuildInput, medium: Medium, sizing: ContainerSizing) -> dict[str
             value_bytes=b.sizing.ssd_slot_bytes,
             staging_slots=b.sizing.ssd_sidecar_slots,
         )
-        mounts.append({"name": SSD_VOLUME, "mountPath": SSD_MOUNT})
+        mounts += b.ssd.mounts()
         ephemeral = b.ssd.ephemeral_bytes
         caps = []
     return {
@@ -193,8 +201,8 @@ def _volumes(b: BuildInput) -> list[dict[str, Any]]:
         vols.append(
             {"name": MODEL_VOLUME, **spec.model.volume.model_dump(by_alias=True, exclude_none=True)}
         )
-    if b.ssd.enabled and b.ssd.pod_volume is not None:
-        vols.append(dict(b.ssd.pod_volume))
+    if b.ssd.enabled:
+        vols += b.ssd.pod_volumes
     if spec.l3.mode == "standalone":
         vols.append({"name": SOCKET_VOLUME, "emptyDir": {"sizeLimit": "16Mi"}})
         vols.append({"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "1Gi"}})
@@ -234,9 +242,7 @@ def build_statefulset(b: BuildInput) -> dict[str, Any]:
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": termination_grace_seconds(
-            # the host pools and, embedded, the UMBP DRAM (dram_per_rank is 0 standalone)
-            (b.sizing.host_pool_per_rank + b.sizing.dram_per_rank) * b.sizing.ranks,
-            l3_wait=spec.l3.mode == "standalone"),
+            b.sizing.engine_pool_bytes, l3_wait=spec.l3.mode == "standalone"),
         "securityContext": pod_security_context(b.config.engine_pod_security),
         "affinity": b.affinity,
         "tolerations": b.tolerations,
@@ -260,6 +266,9 @@ def build_statefulset(b: BuildInput) -> dict[str, Any]:
         "kubectl.kubernetes.io/default-container": "engine",
     }
     if b.in_place:
+        # The operator takes the pod out of rotation (condition False) before it restarts the
+        # engine in place, and lets it back once the new engine is ready (controller.rollout).
+        pod_spec["readinessGates"] = [{"conditionType": IN_PLACE_READY_GATE}]
         annotations[POD_HASH_ANNOTATION] = pod_hash(pod_spec)
     sts_spec: dict[str, Any] = {
         "serviceName": b.names.headless_service,
@@ -276,15 +285,16 @@ def build_statefulset(b: BuildInput) -> dict[str, Any]:
             "spec": pod_spec,
         },
     }
-    if b.ssd.enabled and b.ssd.claim_template is not None:
-        claim = dict(b.ssd.claim_template)
-        claim["metadata"] = {**claim["metadata"], "labels": b.labels("cache")}
-        sts_spec["volumeClaimTemplates"] = [claim]
+    claims = b.ssd.claim_templates if b.ssd.enabled else []
+    if claims:
+        sts_spec["volumeClaimTemplates"] = [
+            {**c, "metadata": {**c["metadata"], "labels": b.labels("cache")}} for c in claims]
         # Deleting a user's volume is never implicit: PVCs (and their local-NVMe bindings)
         # survive a scale-down always, and the CR's deletion unless it opts in with
-        # claimTemplate.deleteWithResource. (On mori 1.2.4 their pages are not served again.)
-        template = spec.l3.ssd.volume.claim_template if spec.l3.ssd.volume else None
-        delete = bool(template and template.delete_with_resource)
+        # claimTemplate.deleteWithResource (on any drive: one policy covers the StatefulSet).
+        # The hicache engine serves their pages again; mori 1.2.4 does not.
+        delete = any(v.claim_template is not None and v.claim_template.delete_with_resource
+                     for v in spec.l3.ssd.drive_volumes())
         sts_spec["persistentVolumeClaimRetentionPolicy"] = {
             "whenDeleted": "Delete" if delete else "Retain",
             "whenScaled": "Retain",

@@ -12,14 +12,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .sglang_metrics import TIERS
+from .sglang_metrics import L3_SPLIT, TIERS, CacheFigures
 
 if TYPE_CHECKING:
     from .observer import CacheObservation
 
 Obj = dict[str, Any]
 _DIGITS = 3
-_LIVE_KEYS = ("hitRatio", "hostUsedRatio", "l3Writes")
+_LIVE_KEYS = ("hitRatio", "hostUsedRatio", "l3Writes", "ssd")
+#: status.cache.ssd figures that are counts of failures: any change is news.
+_ERROR_KEYS = ("readErrors", "writeErrors")
 
 
 def _r(value: float | None) -> float | None:
@@ -34,6 +36,42 @@ def _moved(old: Any, new: Any, threshold: float) -> bool:
     if isinstance(old, (int, float)) and isinstance(new, (int, float)):
         return abs(float(old) - float(new)) >= max(threshold, 10.0**-_DIGITS)
     return bool(old != new)
+
+
+def _ssd_block(f: CacheFigures) -> Obj | None:
+    """``status.cache.ssd`` from the window's figures; None when the store reported no SSD
+    tier of its own (no pages, no capacity, no bytes)."""
+    if f.ssd_capacity_pages is None and not any(f.ssd.values()):
+        return None
+    block: dict[str, int | None] = {
+        "readBytesPerSecond": _int(f.ssd_bandwidth("read")),
+        "writeBytesPerSecond": _int(f.ssd_bandwidth("write")),
+        "pages": _int(f.ssd_pages),
+        "capacityPages": _int(f.ssd_capacity_pages),
+        "evictions": _int(f.ssd.get("ssd_evictions")),
+        "readErrors": _int(f.ssd.get("ssd_read_errors")),
+        "writeErrors": _int(f.ssd.get("ssd_write_errors")),
+    }
+    return {k: v for k, v in block.items() if v is not None}
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else round(value)
+
+
+def _ssd_moved(old: Mapping[str, Any], new: Mapping[str, Any], threshold: float) -> bool:
+    """Error counts: any change; the other figures: a change of at least ``threshold`` of
+    their size (bandwidth and fill are large numbers that move a little on every scrape)."""
+    if set(old) != set(new):
+        return True
+    for k, v in new.items():
+        o = old[k]
+        if k in _ERROR_KEYS:
+            if o != v:
+                return True
+        elif abs(v - o) > threshold * max(abs(o), abs(v)):
+            return True
+    return False
 
 
 def _keep_or_replace(out: Obj, previous: Mapping[str, Any], key: str, new: Any,
@@ -75,7 +113,14 @@ def cache_block(tiers: Sequence[Mapping[str, Any]] | None, observation: CacheObs
         if figures is not None and figures.hit_ratio() is not None:
             ratios = {"total": _r(figures.hit_ratio())}
             ratios.update({t: _r(figures.hit_ratio(t)) for t in TIERS})
+            ratios.update({t: _r(figures.hit_ratio(t)) for t in L3_SPLIT
+                           if figures.hit_ratio(t) is not None})
             _keep_or_replace(out, prev, "hitRatio", ratios, min_ratio_change)
+        ssd = _ssd_block(figures) if figures is not None else None
+        if ssd:
+            old = prev.get("ssd")
+            keep = isinstance(old, Mapping) and not _ssd_moved(old, ssd, min_ratio_change)
+            out["ssd"] = old if keep else ssd
         if figures is not None and figures.host_used_ratio is not None:
             _keep_or_replace(out, prev, "hostUsedRatio", _r(figures.host_used_ratio),
                              min_ratio_change)

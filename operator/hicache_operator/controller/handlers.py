@@ -63,6 +63,7 @@ class Runtime:
 _info: kopf.ConnectionInfo | None = None
 _runtime: Runtime | None = None
 _retries: dict[tuple[str, str], asyncio.Task[None]] = {}
+_rechecks: dict[tuple[str, str], asyncio.Task[None]] = {}
 
 
 def runtime() -> Runtime:
@@ -98,9 +99,10 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 @kopf.on.cleanup()
 async def close(**_: Any) -> None:
     global _runtime
-    for task in list(_retries.values()):
+    for task in [*_retries.values(), *_rechecks.values()]:
         task.cancel()
     _retries.clear()
+    _rechecks.clear()
     if _runtime is not None:
         await _runtime.reconciler.close()
         await _runtime.kube.close()
@@ -125,6 +127,22 @@ async def _reconcile(body: Mapping[str, Any], trigger: str) -> None:
         return
     runtime().reconciler.succeeded(key)
     _post(body, result)
+    if result.recheck_s is not None:
+        _schedule_recheck(key, result.recheck_s)
+
+
+def _schedule_recheck(key: tuple[str, str], delay: float) -> None:
+    """An in-place rollout waits for time, not an event (a pod's drain grace, a pull pod,
+    which no watch of ours sees): reconcile again then, not only at the next resync."""
+    if key in _rechecks and not _rechecks[key].done():
+        return  # the earliest pending one reconciles afresh and schedules the next
+
+    async def recheck() -> None:
+        await asyncio.sleep(delay)
+        _rechecks.pop(key, None)
+        await _refresh(key, "rollout")
+
+    _rechecks[key] = asyncio.create_task(recheck())
 
 
 def _schedule_retry(key: tuple[str, str], exc: BaseException) -> None:

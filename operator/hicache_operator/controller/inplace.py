@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from hicache_umbp.contract.revisions import CONFIG_KEY_PREFIX, CONFIG_REVISION_ENV, config_key
 
+from ..api.config import RolloutConfig
 from ..api.k8s import IN_PLACE
-from . import metrics, rollout, status
+from ..builders.prepull import PREPULL_FOR, prepull_selector
+from . import diff, kubectl, metrics, rollout, status
 from .apply import ChildKey
 from .kube import KubeClient, KubeError
 from .logs import cr_logger
@@ -31,10 +33,11 @@ Obj = dict[str, Any]
 
 
 class ServingCheck(Protocol):
-    """Which of a CR's pods serve, by one more criterion than their Ready condition."""
+    """Which of a CR's pods serve, by one more criterion than their Ready condition; a string
+    says why that cannot be known now (the rollout then waits)."""
 
     async def __call__(self, cr: Mapping[str, Any],
-                       pods: Sequence[Mapping[str, Any]]) -> set[str]: ...
+                       pods: Sequence[Mapping[str, Any]]) -> set[str] | str: ...
 
 
 @dataclass
@@ -58,41 +61,73 @@ def live_configs(configmap: Mapping[str, Any] | None) -> frozenset[str]:
 
 
 async def serving_pods(cr: Mapping[str, Any], pods: Sequence[Mapping[str, Any]],
-                       checks: Sequence[ServingCheck]) -> set[str]:
+                       checks: Sequence[ServingCheck]) -> tuple[set[str], str | None]:
+    """(the pods that serve, why that is unknown or None)."""
     names = {str(p["metadata"]["name"]) for p in pods if rollout.pod_ready(p)}
     for check in checks:
         if not names:
             break
-        names &= await check(cr, [p for p in pods if p["metadata"]["name"] in names])
-    return names
+        seen = await check(cr, [p for p in pods if p["metadata"]["name"] in names])
+        if isinstance(seen, str):
+            return names, seen
+        names &= seen
+    return names, None
+
+
+PullLister = Callable[[], Awaitable[list[Obj]]]
+
+
+def pull_lister(kube: KubeClient, namespace: str, name: str) -> PullLister:
+    """Lists the CR's pull pods (``builders.prepull``: their own name label)."""
+    selector = ",".join(f"{k}={v}" for k, v in prepull_selector(name).items())
+
+    async def pulls() -> list[Obj]:
+        return await kube.list("v1", "Pod", namespace, selector)
+    return pulls
 
 
 async def decide(planned: Any, cr: Mapping[str, Any], desired: dict[ChildKey, Obj],
                  live: Mapping[ChildKey, Obj], pods: Sequence[Mapping[str, Any]],
-                 checks: Sequence[ServingCheck], restart_timeout_s: float,
-                 clock: Callable[[], float] = time.time) -> rollout.Decision | None:
+                 checks: Sequence[ServingCheck], settings: RolloutConfig,
+                 clock: Callable[[], float] = time.time,
+                 list_pulls: PullLister | None = None) -> rollout.Decision | None:
     """The rollout decision, with ``desired`` rewritten to match it: the StatefulSet's
-    ``updateStrategy`` and the ConfigMap revisions to keep. None: not InPlaceIfPossible."""
+    ``updateStrategy`` (and kubectl's restart request, ``kubectl.carry_restart``) and the
+    ConfigMap revisions to keep. None: not InPlaceIfPossible."""
     strategy = planned.spec.update_strategy
     if strategy.type != IN_PLACE:
         return None
     sts_key = next(k for k in desired if k[1] == "StatefulSet")
     cm_key = next(k for k in desired if k[1] == "ConfigMap")
+    desired[sts_key] = kubectl.carry_restart(desired[sts_key], live.get(sts_key))
     rolling = strategy.rolling_update
     target = rollout.target_of(desired[sts_key], rolling.partition if rolling else 0,
                                rolling.max_unavailable if rolling else None)
     live_cm = live.get(cm_key)
     previous = (cr.get("status") or {}).get("rollout")
+    meta = cr.get("metadata") or {}
+    pacing = rollout.Pacing(
+        drain_grace_s=float(settings.drain_grace_seconds),
+        prepull_timeout_s=float(settings.prepull_timeout_seconds) if settings.prepull else 0.0,
+        namespace=str(meta.get("namespace", "")), cr_name=str(meta.get("name", "")))
+    pulls: dict[str, Obj] = {}
 
-    def decide_with(serving: set[str]) -> rollout.Decision:
+    def decide_with(serving: set[str], hold: str | None = None) -> rollout.Decision:
         return rollout.decide(
             target, live.get(sts_key), pods, serving=lambda p: p["metadata"]["name"] in serving,
             live_configs=live_configs(live_cm), previous=previous, now=clock(),
-            restart_timeout_s=restart_timeout_s)
+            restart_timeout_s=settings.restart_timeout_seconds, hold=hold, pacing=pacing,
+            pulls=pulls)
 
-    decision = decide_with(await serving_pods(cr, pods, ()))
+    ready = (await serving_pods(cr, pods, ()))[0]
+    decision = decide_with(ready)
+    if list_pulls is not None and (decision.status is not None or previous):
+        # a rollout runs or just ended: its pull pods (to wait for, or to delete)
+        pulls = {str(p["metadata"]["name"]): p for p in await list_pulls()}
     if decision.status is not None and checks:  # a rollout runs: ask the serving checks too
-        decision = decide_with(await serving_pods(cr, pods, checks))
+        decision = decide_with(*await serving_pods(cr, pods, checks))
+    elif pulls:
+        decision = decide_with(ready)
     sts = json.loads(json.dumps(desired[sts_key]))
     sts["spec"]["updateStrategy"] = decision.update_strategy
     desired[sts_key] = sts
@@ -106,22 +141,58 @@ async def decide(planned: Any, cr: Mapping[str, Any], desired: dict[ChildKey, Ob
     return decision
 
 
-async def send_patches(kube: KubeClient, namespace: str, name: str,
+_SKIPPED = (404, 409, 422)  # the pod changed or went meanwhile: the next reconcile decides again
+
+
+async def send_patches(kube: KubeClient, cr: Mapping[str, Any],
                        decision: rollout.Decision | None) -> Step:
-    """Send the decision's pod patches; a refused ``test`` (the pod changed meanwhile) or a
-    vanished pod is skipped: the next reconcile decides again from what it reads."""
+    """Send the decision's writes in order: readiness gates, pull pods, engine patches. A
+    refused ``test`` (the pod changed meanwhile) or a vanished pod is skipped: the next
+    reconcile decides again from what it reads."""
     step = Step(decision)
     if decision is None:
         return step
+    namespace, name = cr["metadata"]["namespace"], cr["metadata"]["name"]
+    log = cr_logger(namespace, name)
+    for gate in decision.gates:
+        try:
+            step.patched[gate.pod] = await kube.json_patch("v1", "Pod", namespace, gate.pod,
+                                                           gate.ops, subresource="status")
+        except KubeError as exc:
+            if exc.status not in _SKIPPED:
+                raise
+            log.info("readiness gate of pod %s not set (%s)", gate.pod, exc)
+            continue
+        metrics.WRITES.labels("patch", "Pod/status").inc()
+        step.writes += 1
+    for pull in decision.pulls:
+        body = {**pull, "metadata": {**pull["metadata"],
+                                     "ownerReferences": [diff.owner_reference(cr)]}}
+        try:
+            await kube.create(body)
+        except KubeError as exc:
+            if exc.status != 409:  # made by an earlier reconcile
+                raise
+        else:
+            metrics.WRITES.labels("create", "Pod").inc()
+            step.writes += 1
+            step.events.append(Event("Normal", "PullingImage", (
+                f"pulling {pull['spec']['containers'][0]['image']} on node "
+                f"{pull['spec']['nodeName']} before pod "
+                f"{pull['metadata']['annotations'][PREPULL_FOR]} restarts its engine")))
+    for pull_name in decision.pull_deletes:
+        if await kube.delete("v1", "Pod", namespace, pull_name):
+            metrics.WRITES.labels("delete", "Pod").inc()
+            step.writes += 1
     for patch in decision.patches:
         try:
             step.patched[patch.pod] = await kube.json_patch("v1", "Pod", namespace, patch.pod,
                                                             patch.ops)
         except KubeError as exc:
-            if exc.status not in (404, 409, 422):
+            if exc.status not in _SKIPPED:
                 raise
-            cr_logger(namespace, name).info("in-place update of pod %s skipped (%s); "
-                                            "deciding again on the next event", patch.pod, exc)
+            log.info("in-place update of pod %s skipped (%s); deciding again on the next "
+                     "event", patch.pod, exc)
             continue
         metrics.WRITES.labels("patch", "Pod").inc()
         step.writes += 1

@@ -47,9 +47,13 @@ PERMISSIONS: tuple[Permission, ...] = (
     ("rbac.authorization.k8s.io", "rolebindings", _WRITE),
     # Observed for status (and the pod IPs whose SGLang /metrics the operator reads over
     # HTTP: no pods/proxy); patched by in-place rollouts (updateStrategy InPlaceIfPossible:
-    # the engine image, labels and annotations; never deleted). SSD PVCs are expanded when
-    # claimTemplate.size grows (patch) and deleted with the CR only when the CR asks for it.
-    ("", "pods", ("get", "list", "watch", "patch")),
+    # the engine image, labels and annotations; an engine pod is never deleted), which also
+    # set their readiness gate's condition (pods/status) and pull a new engine image ahead on
+    # each pod's node with a short-lived pull pod they create and delete (builders.prepull: no
+    # privileges, no service account token). SSD PVCs are expanded when claimTemplate.size
+    # grows (patch) and deleted with the CR only when the CR asks for it.
+    ("", "pods", ("get", "list", "watch", "create", "patch", "delete")),
+    ("", "pods/status", ("patch",)),
     ("", "persistentvolumeclaims", ("get", "list", "watch", "patch", "delete")),
     # Whether an SSD claim's StorageClass allows volume expansion (cluster-scoped).
     ("storage.k8s.io", "storageclasses", ("get",)),
@@ -180,11 +184,12 @@ class KubeClient:
             content_type="application/merge-patch+json")
 
     async def json_patch(self, api_version: str, kind: str, namespace: str | None, name: str,
-                         ops: Any) -> Obj:
-        """An RFC 6902 patch: precise list edits (a pod's engine image) and ``test`` guards (a
-        failed one is HTTP 422; the object changed meanwhile)."""
+                         ops: Any, subresource: str | None = None) -> Obj:
+        """An RFC 6902 patch: precise list edits (a pod's engine image, one of its status
+        conditions) and ``test`` guards (a failed one is HTTP 422; the object changed
+        meanwhile)."""
         return await self._request(
-            "PATCH", resource_path(api_version, kind, namespace, name), body=ops,
+            "PATCH", resource_path(api_version, kind, namespace, name, subresource), body=ops,
             content_type="application/json-patch+json")
 
     async def delete(self, api_version: str, kind: str, namespace: str | None, name: str,

@@ -23,7 +23,7 @@ import aiohttp
 from ..api import API_VERSION, KIND
 from ..cachestats.observer import CacheObservation, CacheObserver
 from ..planner.errors import SpecError
-from . import diff, inplace, metrics, status, volumes
+from . import diff, inplace, kubectl, metrics, status, volumes
 from .apply import ChildKey, ChildMemory, ChildWriter
 from .kube import CHILD_KINDS, KubeClient, KubeError
 from .logs import cr_logger
@@ -56,6 +56,7 @@ class Result:
     writes: int = 0
     events: list[Event] = field(default_factory=list)
     status: Obj = field(default_factory=dict)
+    recheck_s: float | None = None  # an in-place rollout waits for time to pass (a grace, a pull)
 
 
 @dataclass
@@ -264,17 +265,19 @@ class Reconciler:
     async def _grow_claims(self, planned: Any, pvcs: list[Obj], namespace: str,
                            outcome: status.Outcome) -> tuple[status.Outcome, list[str]]:
         """Expand the SSD claims the plan outgrew, or turn the outcome into a refusal."""
-        claim_bytes = planned.ssd_claim_bytes
-        small = volumes.claims_to_grow(claim_bytes, pvcs) if claim_bytes else []
+        sizes = planned.ssd_claim_sizes
+        small = volumes.claims_to_grow(sizes, planned.name, pvcs)  # StatefulSet = CR name
         if not small:
             return outcome, []
         classes: dict[str, Obj | None] = {}
-        for name in {volumes.storage_class_of(p) for p in small} - {""}:
+        for name in {volumes.storage_class_of(p) for p, _size in small} - {""}:
             classes[name] = await self.kube.get("storage.k8s.io/v1", "StorageClass", None, name)
-        expansion = volumes.plan_expansion(claim_bytes, small, classes)
+        expansion = volumes.plan_expansion(small, classes)
         if expansion.refusal is not None:
+            where = (volumes.SIZE_FIELD if planned.spec.l3.ssd.volume is not None
+                     else volumes.SIZES_FIELD)
             return status.Outcome(replicas=outcome.replicas, spec_reason="VolumeExpansionRefused",
-                                  problems=[(volumes.SIZE_FIELD, expansion.refusal)]), []
+                                  problems=[(where, expansion.refusal)]), []
         done = []
         for claim, patch in sorted(expansion.patches.items()):
             await self.kube.merge_patch("v1", "PersistentVolumeClaim", namespace, claim, patch)
@@ -311,10 +314,11 @@ class Reconciler:
         decision = None
         if planned is not None:
             planned_objects = {_key(o): o for o in planned.objects}
+            events.extend(kubectl.outside_events(live.values(), meta["uid"]))
             decision = await inplace.decide(
                 planned, body, planned_objects, live, pods,
                 self._serving_checks(planned, live, (namespace, name)),
-                self.config.rollout.restart_timeout_seconds)
+                self.config.rollout, list_pulls=inplace.pull_lister(self.kube, namespace, name))
             desired = {k: self._desired(o, body) for k, o in planned_objects.items()}
             # Drift checks need no copy of the last-applied annotation (it repeats the object).
             state.desired = {k: diff.without_last_applied(v) for k, v in desired.items()}
@@ -348,7 +352,7 @@ class Reconciler:
             outcome = _with_rejections(outcome, rejections)
         if applied:
             events.append(Event("Normal", "Applied", "; ".join(applied)))
-        step = await inplace.send_patches(self.kube, namespace, name, decision)
+        step = await inplace.send_patches(self.kube, body, decision)
         writes += step.writes
         events.extend(step.events)
         pods = step.pods(pods)
@@ -370,7 +374,8 @@ class Reconciler:
                                         subresource="status")
             metrics.WRITES.labels("patch", f"{KIND}/status").inc()
             writes += 1
-        return Result(valid=planned is not None, writes=writes, events=events, status=new_status)
+        return Result(valid=planned is not None, writes=writes, events=events, status=new_status,
+                      recheck_s=decision.recheck_s if decision is not None else None)
 
     async def _observe_cache(self, planned: Any, trigger: str, key: tuple[str, str],
                              pods: list[Obj]) -> CacheObservation | None:
@@ -387,10 +392,15 @@ class Reconciler:
         if getattr(planned, "router", None) is None or not router_serving(live, key[1]):
             return checks
 
-        async def routed(cr: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> set[str]:
+        async def routed(cr: Mapping[str, Any],
+                         pods: Sequence[Mapping[str, Any]]) -> set[str] | str:
             router_pods = await self.kube.list("v1", "Pod", key[0], router_pod_selector(key[1]))
             seen = await self.router_reader.observe(key, router_pods, planned.spec.router.port)
-            return routed_pods(pods, seen)
+            routed = routed_pods(pods, seen)
+            if routed is None:
+                return (f"the router's worker list cannot be read ({seen.error}); no pod is "
+                        "restarted until it can")
+            return routed
         return [*checks, routed]
 
     async def _observe_router(self, planned: Any, trigger: str, key: tuple[str, str],

@@ -1,31 +1,52 @@
 """Rollouts under ``updateStrategy: InPlaceIfPossible``: restart engine containers in place.
 
-Pure: inputs are the desired StatefulSet (from the plan), the live one, the CR's pods and what
-the controller knows about them (which are serving); the output is a :class:`Decision`: the
-``updateStrategy`` to render, the ConfigMap revisions to keep, the pod patches to send now and
-the ``status.rollout`` block. The reconcile sends the patches (``reconcile.py``); nothing here
-talks to the API.
+Pure: inputs are the desired StatefulSet (from the plan), the live one, the CR's pods, their
+pre-pull pods and what the controller knows about them (which are serving, or that it cannot
+tell); the output is a :class:`Decision`: the ``updateStrategy`` to render, the ConfigMap
+revisions to keep, the writes to send now (readiness-gate conditions, pull pods, engine
+patches) and the ``status.rollout`` block. The reconcile sends them (``inplace.py``); nothing
+here talks to the API.
 
 How it works with the StatefulSet controller (whose bookkeeping stays true throughout):
 
-- the StatefulSet is rendered ``RollingUpdate`` with ``partition: replicas``: its controller
-  takes the new template as ``updateRevision`` but touches no pod;
-- a pod made from a template that differs from the desired one only in the engine image and the
-  configuration revision (equal ``pod-hash`` annotations) is updated in place with one JSON
-  patch: the engine image (the kubelet restarts that container), the ``config-hash`` annotation
-  (the launcher's watcher restarts the engine on it; ``hicache_umbp.launch.revision``), the
-  template's labels and annotations, the ``controller-revision-hash`` label set to the
-  ``updateRevision`` (so the controller counts the pod as updated, never deletes it, and moves
-  ``currentRevision`` once every pod is updated and ready), and an ``in-place-update``
-  annotation recording the old engine container, so progress survives an operator restart;
-- at most ``maxUnavailable`` pods are unavailable at a time, highest ordinal first, only
-  ordinals >= ``partition``; a pod is done when its engine container is a new one and the pod
-  is serving (Ready, and whatever :class:`ServingCheck` the controller adds, e.g. a router's
-  worker set);
+- between rollouts the StatefulSet is rendered ``RollingUpdate`` with ``partition: replicas``:
+  its controller takes a new template as ``updateRevision`` but touches no pod;
+- while pods are updated in place the controller must still make any pod it (re)creates (a
+  deleted or evicted pod, a scale-up) from the new template, or that pod starts on the old
+  image and is updated again (a second model load). The controller creates ordinal ``o`` from
+  ``currentRevision`` when ``RollingUpdate`` has ``o < partition`` and from ``updateRevision``
+  otherwise (``newVersionedStatefulSetPod``), and it *replaces* every pod of another revision
+  at ``o >= partition``. So during a rollout the strategy is ``OnDelete`` (no replacement, every
+  new pod from ``updateRevision``; ``kubectl rollout status`` then refuses instead of reporting
+  "partitioned roll out complete"), or with a user's ``partition`` p > 0 (whose lower pods must
+  keep the old template) ``RollingUpdate`` with the lowest partition >= p above which every
+  existing pod is on the new revision. Once every pod is on it the user's partition lets the
+  controller move ``currentRevision`` (nothing left to replace), then the partition is held again;
+- a pod made from a template that differs from the desired one only in the engine image, the
+  configuration revision or kubectl's ``restartedAt`` annotation (equal ``pod-hash``) is updated
+  in place, in steps, highest ordinal first, only ordinals >= ``partition``:
+  1. a new image is pulled on the pod's node first by a pull pod (``builders.prepull``), while
+     the old engine serves; a pull that fails or times out stops the rollout;
+  2. the pod's readiness gate (``hicache.sglang.ai/in-place-ready``) is set False, so the pod
+     leaves the Endpoints and the router, and the operator waits ``drainGraceSeconds``;
+  3. one JSON patch: the engine image (the kubelet restarts that container), the template's
+     labels and annotations (the ``config-hash`` one makes the launcher's watcher restart the
+     engine, ``hicache_umbp.launch.revision``), the ``controller-revision-hash`` label set to
+     ``updateRevision`` (so the controller counts the pod as updated) and an ``in-place-update``
+     annotation recording the old engine container (progress survives an operator restart);
+  4. once the new engine container is ready the gate is set True again; the pod is done when it
+     is serving (Ready, and whatever :class:`ServingCheck` the controller adds, e.g. a router's
+     worker set);
+- unavailable pods are counted as the StatefulSet controller counts them
+  (``podsToUpdate = maxUnavailable - unavailablePods``): every pod in a step 2-4 or not serving
+  uses the budget; an outdated pod that is down anyway (not Ready) may still go, as restarting it
+  costs no availability and a broken pod would otherwise block its own fix;
+- when whether pods are serving cannot be known (the router's worker list cannot be read), the
+  rollout waits: no new step starts, ``status.rollout.waiting`` says why;
 - a pod whose new engine fails (image pull, crash loop, pod failed, or still the old container
-  ``restartTimeoutSeconds`` after the update) stops the rollout: ``Degraded``
-  ``InPlaceUpdateFailed`` names it; no other pod is touched until it recovers or the spec
-  changes;
+  ``restartTimeoutSeconds`` after the update, by default the pod's grace period plus the time to
+  start a container) stops the rollout: ``Degraded`` ``InPlaceUpdateFailed`` names it; no other
+  pod is touched until it recovers or the spec changes;
 - any other difference (resources, volumes, sidecars and their image, probes, ...) cannot be
   done in place: the partition drops to the user's and the StatefulSet replaces the pods
   (``method: Replace``), and ``status.rollout.reason`` lists what differs.
@@ -33,66 +54,62 @@ How it works with the StatefulSet controller (whose bookkeeping stays true throu
 
 from __future__ import annotations
 
-import datetime
-import json
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..builders.context import CONFIG_HASH_ANNOTATION, POD_HASH_ANNOTATION
+from ..builders.context import CONFIG_HASH_ANNOTATION, POD_HASH_ANNOTATION, RESTARTED_AT_ANNOTATION
+from ..builders.prepull import build_prepull_pod, prepull_name
+from ..planner.pod_overhead import in_place_restart_timeout_seconds
 from . import diff
+from .rollout_pods import (
+    ENGINE,
+    IN_PLACE_ANNOTATION,
+    REVISION_LABEL,
+    annotation,
+    containers_ready,
+    engine_image,
+    gate,
+    has_gate,
+    in_place_state,
+    label,
+    meta,
+    name_of,
+    ordinal,
+    parse_time,
+    pod_ready,
+)
+from .rollout_steps import (
+    FAILED_WAITING,
+    GatePatch,
+    PodPatch,
+    engine_patch,
+    failure,
+    gate_patch,
+    restarted,
+)
+from .rollout_target import Target, scaled, target_of, template_changes, what_changes, why_replace
+
+__all__ = ["ENGINE", "IN_PLACE_ANNOTATION", "REVISION_LABEL", "Decision", "Failure",
+           "GatePatch", "Pacing", "PodPatch", "Target", "decide", "engine_image", "ordinal",
+           "pod_ready", "scaled", "target_of", "template_changes"]
 
 Obj = dict[str, Any]
-REVISION_LABEL = "controller-revision-hash"
-IN_PLACE_ANNOTATION = "hicache.sglang.ai/in-place-update"
-ENGINE = "engine"
-# Engine container states that mean the new engine does not come up by itself.
-FAILED_WAITING = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName",
-                            "ErrImageNeverPull", "CreateContainerConfigError",
-                            "CreateContainerError", "RunContainerError"})
-_ORDINAL = re.compile(r"-(\d+)$")
-# Fields named in a Replace reason, at most (the rest are counted).
-_MAX_LISTED = 6
+# How often a running pull pod is looked at (the operator watches no pull pod).
+PULL_POLL_S = 5.0
+# Pull pod states that say the image is on the node (the container was created or ran).
+_PULLED_WAITING = frozenset({"CreateContainerConfigError", "CreateContainerError",
+                             "RunContainerError"})
 
 
 @dataclass(frozen=True)
-class Target:
-    """What the plan wants, read from the desired StatefulSet."""
+class Pacing:
+    """The operator's rollout settings (operator configuration ``rollout``)."""
 
-    name: str
-    template: Mapping[str, Any]
-    replicas: int
-    partition: int
-    max_unavailable: int
-    replace_strategy: Mapping[str, Any]  # what the StatefulSet runs when pods are replaced
-
-    @property
-    def annotations(self) -> Mapping[str, str]:
-        return (self.template.get("metadata") or {}).get("annotations") or {}
-
-    @property
-    def image(self) -> str:
-        return engine_image(self.template.get("spec") or {})
-
-    @property
-    def config_hash(self) -> str:
-        return str(self.annotations.get(CONFIG_HASH_ANNOTATION, ""))
-
-    @property
-    def pod_hash(self) -> str:
-        return str(self.annotations.get(POD_HASH_ANNOTATION, ""))
-
-    @property
-    def held(self) -> Obj:
-        return {"type": "RollingUpdate", "rollingUpdate": {"partition": self.replicas}}
-
-
-@dataclass(frozen=True)
-class PodPatch:
-    pod: str
-    ops: list[Obj]  # RFC 6902, guarded by ``test`` ops
-    message: str
+    drain_grace_s: float = 0.0  # readiness gate False -> the engine's restart
+    prepull_timeout_s: float = 0.0  # 0: no pull ahead
+    namespace: str = ""  # where pull pods are made
+    cr_name: str = ""
 
 
 @dataclass(frozen=True)
@@ -108,6 +125,10 @@ class Decision:
     patches: tuple[PodPatch, ...] = ()
     status: Obj | None = None  # status.rollout (None: nothing to roll)
     failure: Failure | None = None
+    gates: tuple[GatePatch, ...] = ()  # readiness-gate conditions to write, before the patches
+    pulls: tuple[Obj, ...] = ()  # pull pods to create
+    pull_deletes: tuple[str, ...] = ()  # pull pods done with
+    recheck_s: float | None = None  # decide again this soon (a drain grace ends, a pull runs)
 
     @property
     def progressing(self) -> tuple[str, str] | None:
@@ -119,256 +140,101 @@ class Decision:
         if s["method"] == "Replace":
             return "ReplacingPods", f"{done}; the StatefulSet replaces pods: {s['reason']}"
         restarting = f"; restarting: {', '.join(s['restarting'])}" if s.get("restarting") else ""
-        return "RollingOutInPlace", f"{done}{restarting}; engine restarts in place: {s['reason']}"
+        preparing = f"; preparing: {', '.join(s['preparing'])}" if s.get("preparing") else ""
+        waiting = f"; waiting: {s['waiting']}" if s.get("waiting") else ""
+        return "RollingOutInPlace", (f"{done}{restarting}{preparing}{waiting}; engine restarts "
+                                     f"in place: {s['reason']}")
 
 
-# ---------------------------------------------------------------------------- reading pods
-def ordinal(pod: Mapping[str, Any], sts_name: str) -> int | None:
-    name = str((pod.get("metadata") or {}).get("name", ""))
-    match = _ORDINAL.search(name)
-    if not name.startswith(f"{sts_name}-") or match is None or \
-            name != f"{sts_name}-{match.group(1)}":
-        return None
-    return int(match.group(1))
+def _up_to_date(pod: Mapping[str, Any], target: Target, revision: str | None) -> bool:
+    if revision is not None:
+        return label(pod, REVISION_LABEL) == revision
+    return (engine_image(pod.get("spec") or {}) == target.image
+            and annotation(pod, CONFIG_HASH_ANNOTATION) == target.config_hash
+            and annotation(pod, POD_HASH_ANNOTATION) == target.pod_hash
+            and annotation(pod, RESTARTED_AT_ANNOTATION) == target.restarted_at)
 
 
-def engine_image(pod_spec: Mapping[str, Any]) -> str:
-    for c in pod_spec.get("containers") or []:
-        if c.get("name") == ENGINE:
-            return str(c.get("image", ""))
-    return ""
-
-
-def _meta(pod: Mapping[str, Any]) -> Mapping[str, Any]:
-    return pod.get("metadata") or {}
-
-
-def _annotation(pod: Mapping[str, Any], key: str) -> str:
-    return str((_meta(pod).get("annotations") or {}).get(key, ""))
-
-
-def _label(pod: Mapping[str, Any], key: str) -> str:
-    return str((_meta(pod).get("labels") or {}).get(key, ""))
-
-
-def _engine_status(pod: Mapping[str, Any]) -> Mapping[str, Any]:
-    for c in (pod.get("status") or {}).get("containerStatuses") or []:
-        if c.get("name") == ENGINE:
-            return dict(c)
-    return {}
-
-
-def in_place_state(pod: Mapping[str, Any]) -> Obj:
-    raw = _annotation(pod, IN_PLACE_ANNOTATION)
-    try:
-        state = json.loads(raw) if raw else {}
-    except ValueError:
-        return {}
-    return state if isinstance(state, dict) else {}
-
-
-def pod_ready(pod: Mapping[str, Any]) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
-def _parse_time(value: Any) -> float | None:
-    try:
-        return datetime.datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def _iso(epoch: float) -> str:
-    moment = datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _pointer(key: str) -> str:
-    return key.replace("~", "~0").replace("/", "~1")
-
-
-# ---------------------------------------------------------------------------- the target
-def scaled(value: int | str | None, replicas: int) -> int:
-    """maxUnavailable as the StatefulSet controller resolves it: a number, or a percentage of
-    replicas rounded down; at least 1."""
-    if value is None:
-        return 1
-    if isinstance(value, str) and value.endswith("%"):
-        return max(1, int(replicas * int(value[:-1]) / 100))
-    return max(1, int(value))
-
-
-def target_of(sts: Mapping[str, Any], partition: int, max_unavailable: int | str | None) -> Target:
-    spec = sts.get("spec") or {}
-    replicas = int(spec.get("replicas", 1))
-    rolling: Obj = {}
-    if partition:
-        rolling["partition"] = partition
-    if max_unavailable is not None:
-        rolling["maxUnavailable"] = max_unavailable
-    replace: Obj = {"type": "RollingUpdate", **({"rollingUpdate": rolling} if rolling else {})}
-    return Target(name=str((sts.get("metadata") or {}).get("name", "")),
-                  template=spec.get("template") or {}, replicas=replicas, partition=partition,
-                  max_unavailable=scaled(max_unavailable, replicas), replace_strategy=replace)
-
-
-# ---------------------------------------------------------------------------- why
-def _by_name(items: Any) -> dict[str, Any] | None:
-    if isinstance(items, list) and all(isinstance(i, Mapping) and "name" in i for i in items):
-        return {str(i["name"]): i for i in items}
-    return None
-
-
-def template_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    """The pod-template fields that differ between ``old`` and ``new`` and cannot change in
-    place (the engine image and the configuration revision can), as readable paths."""
-    out: list[str] = []
-    old_spec, new_spec = old.get("spec") or {}, new.get("spec") or {}
-    for key in sorted(set(old_spec) | set(new_spec)):
-        a, b = old_spec.get(key), new_spec.get(key)
-        named_a, named_b = _by_name(a), _by_name(b)
-        if named_a is not None and named_b is not None:
-            for name in sorted(set(named_a) | set(named_b)):
-                ca, cb = dict(named_a.get(name) or {}), dict(named_b.get(name) or {})
-                if key == "containers" and name == ENGINE:
-                    ca.pop("image", None)
-                    cb.pop("image", None)
-                if name not in named_a or name not in named_b:
-                    out.append(f"{key}[{name}] {'added' if name in named_b else 'removed'}")
-                    continue
-                fields = sorted(f for f in set(ca) | set(cb) if ca.get(f) != cb.get(f))
-                out += [f"{key}[{name}].{f}" for f in fields]
-        elif a != b:
-            out.append(key)
+def _gates(owned: Sequence[Mapping[str, Any]], outdated: set[str], in_flight: set[str],
+           now: float) -> list[GatePatch]:
+    """Readiness gates to open: a pod without the condition (new pods: without it they never
+    become Ready), and a pod held out for an update it no longer needs or whose new engine
+    is ready (its containers pass their probes)."""
+    out = []
+    for pod in owned:
+        if not has_gate(pod):
+            continue
+        name, cond = name_of(pod), gate(pod)
+        if cond is None:
+            out.append(gate_patch(pod, True, now, "no in-place update in progress"))
+        elif cond.get("status") != "True" and name not in outdated and (
+                name not in in_flight or (restarted(pod, in_place_state(pod))
+                                          and containers_ready(pod))):
+            out.append(gate_patch(pod, True, now, "the engine is ready"))
     return out
 
 
-def _why_replace(target: Target, live_template: Mapping[str, Any] | None,
-                 pods: Sequence[Mapping[str, Any]], previous: Mapping[str, Any] | None) -> str:
-    if live_template is not None and not diff.covers(live_template, target.template):
-        changed = template_changes(live_template, target.template)
-        if changed:
-            more = len(changed) - _MAX_LISTED
-            listed = ", ".join(changed[:_MAX_LISTED]) + (f" and {more} more" if more > 0 else "")
-            return f"the pod template changes beyond the engine container ({listed})"
-    prev = previous or {}
-    if prev.get("method") == "Replace" and prev.get("image") == target.image and \
-            prev.get("configHash") == target.config_hash and prev.get("reason"):
-        return str(prev["reason"])
-    bare = sorted(_meta(p).get("name", "") for p in pods if not _annotation(p, POD_HASH_ANNOTATION))
-    if bare:
-        return (f"pod(s) {', '.join(bare)} predate updateStrategy InPlaceIfPossible (no "
-                f"{POD_HASH_ANNOTATION} annotation): they are replaced once")
-    return "the pods were made from a template that differs beyond the engine container"
+def _during(target: Target, owned: Mapping[int, Mapping[str, Any]], revision: str) -> Obj:
+    """The StatefulSet's strategy while pods are updated in place (module docstring)."""
+    if not target.partition:
+        return {"type": "OnDelete"}
+    lowest = target.replicas
+    for o in range(target.replicas - 1, target.partition - 1, -1):
+        pod = owned.get(o)
+        if pod is not None and label(pod, REVISION_LABEL) != revision:
+            break
+        lowest = o
+    return {"type": "RollingUpdate", "rollingUpdate": {"partition": lowest}}
 
 
-def _what_changes(target: Target, pods: Sequence[Mapping[str, Any]]) -> str:
-    images = sorted({engine_image(p.get("spec") or {}) for p in pods} - {target.image})
-    configs = sorted({_annotation(p, CONFIG_HASH_ANNOTATION) for p in pods}
-                     - {target.config_hash})
-    parts = []
-    if images:
-        parts.append(f"engine image {', '.join(images)} -> {target.image}")
-    if configs:
-        parts.append(f"engine configuration {', '.join(configs)} -> {target.config_hash}")
-    return "; ".join(parts) or "pod labels and annotations"
-
-
-# ---------------------------------------------------------------------------- in-place state
-def _restarts_since(pod: Mapping[str, Any], state: Mapping[str, Any]) -> int:
-    return int(_engine_status(pod).get("restartCount") or 0) - int(state.get("restartCount") or 0)
-
-
-def _restarted(pod: Mapping[str, Any], state: Mapping[str, Any]) -> bool:
-    """The engine container is not the one the update found (the kubelet made a new one)."""
-    now_id = str(_engine_status(pod).get("containerID") or "")
-    return bool(now_id) and now_id != str(state.get("containerID") or "")
-
-
-def _failure(pod: Mapping[str, Any], state: Mapping[str, Any], now: float,
-             restart_timeout_s: float) -> str | None:
-    """Why the in-place update of ``pod`` failed (None: it is fine or still under way)."""
-    status = pod.get("status") or {}
-    if status.get("phase") == "Failed":
-        return f"the pod failed: {status.get('reason') or ''} {status.get('message') or ''}"
-    engine = _engine_status(pod)
-    waiting = (engine.get("state") or {}).get("waiting") or {}
-    reason = str(waiting.get("reason") or "")
-    if reason in FAILED_WAITING or (reason == "CrashLoopBackOff"
-                                    and _restarts_since(pod, state) >= 2):
-        return f"the new engine container is {reason}: {waiting.get('message') or reason}"
-    if not _restarted(pod, state) and (engine.get("state") or {}).get("running"):
-        asked = _parse_time(state.get("requestedAt"))
-        if asked is not None and now - asked > restart_timeout_s:
-            return (f"the engine container was not restarted within {restart_timeout_s:.0f} s "
-                    "of the in-place update (a new configuration restarts it only when the "
-                    "image runs the hicache launcher, python -m hicache_umbp.launch)")
-    return None
-
-
-def _patch(pod: Mapping[str, Any], target: Target, revision: str, now: float) -> PodPatch:
-    meta = _meta(pod)
-    containers = (pod.get("spec") or {}).get("containers") or []
-    index = next(i for i, c in enumerate(containers) if c.get("name") == ENGINE)
-    engine = _engine_status(pod)
-    state = {"revision": revision, "image": target.image, "configHash": target.config_hash,
-             "containerID": str(engine.get("containerID") or ""),
-             "restartCount": int(engine.get("restartCount") or 0), "requestedAt": _iso(now)}
-    ops: list[Obj] = [
-        {"op": "test", "path": "/metadata/uid", "value": meta.get("uid")},
-        {"op": "test", "path": f"/spec/containers/{index}/name", "value": ENGINE},
-    ]
-    old_revision = _label(pod, REVISION_LABEL)
-    if meta.get("labels") is None:
-        ops.append({"op": "add", "path": "/metadata/labels", "value": {}})
-    elif old_revision:  # the StatefulSet controller has not moved the pod meanwhile
-        ops.append({"op": "test", "path": f"/metadata/labels/{_pointer(REVISION_LABEL)}",
-                    "value": old_revision})
-    if not meta.get("annotations"):
-        ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
-    ops.append({"op": "replace", "path": f"/spec/containers/{index}/image", "value": target.image})
-    template_meta = target.template.get("metadata") or {}
-    for key, value in sorted((template_meta.get("labels") or {}).items()):
-        ops.append({"op": "add", "path": f"/metadata/labels/{_pointer(key)}", "value": value})
-    ops.append({"op": "add", "path": f"/metadata/labels/{_pointer(REVISION_LABEL)}",
-                "value": revision})
-    annotations = {**(template_meta.get("annotations") or {}),
-                   IN_PLACE_ANNOTATION: json.dumps(state, sort_keys=True)}
-    for key, value in sorted(annotations.items()):
-        ops.append({"op": "add", "path": f"/metadata/annotations/{_pointer(key)}",
-                    "value": value})
-    name = str(meta.get("name", ""))
-    message = (f"pod {name}: restarting the engine container in place (revision {revision}: "
-               f"image {target.image}, configuration {target.config_hash})")
-    return PodPatch(name, ops, message)
-
-
-# ---------------------------------------------------------------------------- the decision
-def _up_to_date(pod: Mapping[str, Any], target: Target, revision: str | None) -> bool:
-    if revision is not None:
-        return _label(pod, REVISION_LABEL) == revision
-    return (engine_image(pod.get("spec") or {}) == target.image
-            and _annotation(pod, CONFIG_HASH_ANNOTATION) == target.config_hash
-            and _annotation(pod, POD_HASH_ANNOTATION) == target.pod_hash)
+def _pull_state(pull: Mapping[str, Any] | None, now: float,
+                timeout_s: float) -> tuple[str, str]:
+    """(``missing`` | ``pulling`` | ``pulled`` | ``failed``, why) of a pull pod."""
+    if pull is None:
+        return "missing", ""
+    status = pull.get("status") or {}
+    states = [c.get("state") or {} for c in status.get("containerStatuses") or []]
+    if status.get("phase") == "Succeeded" or any(s.get("running") or s.get("terminated")
+                                                 for s in states):
+        return "pulled", ""
+    waiting = [s["waiting"] for s in states if s.get("waiting")]
+    if any(w.get("reason") in _PULLED_WAITING for w in waiting):
+        return "pulled", ""
+    failed = [w for w in waiting if w.get("reason") in FAILED_WAITING]
+    if failed:
+        return "failed", f"{failed[0].get('reason')}: {failed[0].get('message') or ''}"
+    created = parse_time(meta(pull).get("creationTimestamp"))
+    if status.get("phase") == "Failed" or (created is not None and now - created > timeout_s):
+        return "failed", f"the pull did not finish within {timeout_s:.0f} s"
+    return "pulling", ""
 
 
 def decide(target: Target, live_sts: Mapping[str, Any] | None,
            pods: Sequence[Mapping[str, Any]], *, serving: Callable[[Mapping[str, Any]], bool],
            live_configs: frozenset[str], previous: Mapping[str, Any] | None, now: float,
-           restart_timeout_s: float) -> Decision:
-    """What to do now for one CR's pods (see the module docstring)."""
+           restart_timeout_s: float | None = None, hold: str | None = None,
+           pacing: Pacing = Pacing(),
+           pulls: Mapping[str, Mapping[str, Any]] | None = None) -> Decision:
+    """What to do now for one CR's pods (see the module docstring). ``serving`` is asked only
+    when ``hold`` is None (a ``hold`` says why serving cannot be known now); ``pulls`` are the
+    CR's pull pods by name; ``restart_timeout_s`` None: the pod's grace period plus the time
+    to start a container (``planner.pod_overhead``)."""
+    timeout = restart_timeout_s if restart_timeout_s is not None else float(
+        in_place_restart_timeout_seconds(target.grace_seconds))
+    pulls = pulls or {}
     owned = {o: p for p in pods if (o := ordinal(p, target.name)) is not None}
-    referenced = frozenset(_annotation(p, CONFIG_HASH_ANNOTATION) for p in owned.values()) - {
+    referenced = frozenset(annotation(p, CONFIG_HASH_ANNOTATION) for p in owned.values()) - {
         "", target.config_hash}
+    stale_pulls = tuple(sorted(pulls))
     if live_sts is None:
-        return Decision(target.held, referenced)
+        return Decision(target.held, referenced, gates=tuple(_gates(
+            list(owned.values()), set(), set(), now)), pull_deletes=stale_pulls)
     live_spec = live_sts.get("spec") or {}
     live_template = live_spec.get("template") or {}
     applied = diff.covers(live_template, target.template)
     sts_status = live_sts.get("status") or {}
     seen = applied and int(sts_status.get("observedGeneration") or 0) >= int(
-        _meta(live_sts).get("generation") or 1)
+        meta(live_sts).get("generation") or 1)
     revision = (str(sts_status.get("updateRevision") or "") or None) if seen else None
     complete = seen and revision is not None and sts_status.get("currentRevision") == revision
     # Until the StatefulSet controller has moved every pod's revision, a pod it (re)creates
@@ -378,43 +244,124 @@ def decide(target: Target, live_sts: Mapping[str, Any] | None,
     outdated = [p for p in in_scope if not _up_to_date(p, target, revision)]
     in_flight = [p for p in in_scope if revision is not None and p not in outdated
                  and in_place_state(p).get("revision") == revision
-                 and not (_restarted(p, in_place_state(p)) and serving(p))]
+                 and not (restarted(p, in_place_state(p)) and serving(p))]
+    gates = _gates(list(owned.values()), {name_of(p) for p in outdated},
+                   {name_of(p) for p in in_flight}, now)
     if not outdated and not in_flight:
-        return Decision(target.held, keep)
+        settled = target.held if complete or revision is None else target.settling
+        return Decision(settled, keep, gates=tuple(gates), pull_deletes=stale_pulls)
     status: Obj = {"image": target.image, "configHash": target.config_hash,
                    "updatedPods": len(in_scope) - len(outdated), "pods": len(in_scope)}
     if revision is not None:
         status["revision"] = revision
-    if any(_annotation(p, POD_HASH_ANNOTATION) != target.pod_hash for p in outdated):
+    if any(annotation(p, POD_HASH_ANNOTATION) != target.pod_hash for p in outdated):
         status.update(method="Replace",
-                      reason=_why_replace(target, live_template, outdated, previous))
-        return Decision(dict(target.replace_strategy), keep, status=status)
+                      reason=why_replace(target, live_template, outdated, previous))
+        return Decision(dict(target.replace_strategy), keep, status=status, gates=tuple(gates),
+                        pull_deletes=stale_pulls)
     prev = previous or {}
     same = prev.get("method") == "InPlace" and prev.get("image") == target.image and \
         prev.get("configHash") == target.config_hash
-    status.update(method="InPlace", reason=_what_changes(target, outdated) if outdated else
+    status.update(method="InPlace", reason=what_changes(target, outdated) if outdated else
                   str(prev.get("reason") if same else "") or "engine restarts in place")
     if revision is None:  # the StatefulSet controller has not named the new revision yet
-        return Decision(target.held, keep, status=status)
-    failure = None
+        return Decision(target.held, keep, status=status, gates=tuple(gates),
+                        pull_deletes=stale_pulls)
+    fail = None
     for pod in in_flight:
-        why = _failure(pod, in_place_state(pod), now, restart_timeout_s)
+        why = failure(pod, in_place_state(pod), now, timeout)
         if why is not None:
-            failure = Failure(str(_meta(pod).get("name")), why)
+            fail = Failure(name_of(pod), why)
             break
-    patches: list[PodPatch] = []
-    if failure is None:
-        unavailable = {str(_meta(p).get("name")) for p in owned.values() if not serving(p)}
-        unavailable |= {str(_meta(p).get("name")) for p in in_flight}
-        for pod in sorted(outdated, key=lambda p: -(ordinal(p, target.name) or 0)):
-            name = str(_meta(pod).get("name"))
-            if name not in unavailable and len(unavailable) >= target.max_unavailable:
-                continue  # over budget; a pod that is unavailable anyway may still go
-            patches.append(_patch(pod, target, revision, now))
-            unavailable.add(name)
-    restarting = sorted({str(_meta(p).get("name")) for p in in_flight} | {p.pod for p in patches})
+    step = _Steps(target, revision, pacing, pulls, now)
+    if fail is None and hold is None:
+        fail = step.run(owned, outdated, in_flight, serving)
+    if hold is not None:
+        status["waiting"] = hold
+    restarting = sorted({name_of(p) for p in in_flight} | {p.pod for p in step.patches})
     status["restarting"] = restarting
-    status["updatedPods"] += len(patches)  # the patch moves each to the new revision
-    if failure is not None:
-        status.update(failedPod=failure.pod, failure=failure.message)
-    return Decision(target.held, keep, tuple(patches), status, failure)
+    if step.preparing:
+        status["preparing"] = sorted(step.preparing)
+    status["updatedPods"] += len(step.patches)  # the patch moves each to the new revision
+    if fail is not None:
+        status.update(failedPod=fail.pod, failure=fail.message)
+    keep_pulls = {p["metadata"]["name"] for p in step.pulls} | step.waiting_pulls
+    return Decision(_during(target, owned, revision), keep, tuple(step.patches), status, fail,
+                    tuple([*gates, *step.gates]), tuple(step.pulls),
+                    tuple(sorted(set(pulls) - keep_pulls)), step.recheck_s)
+
+
+class _Steps:
+    """The next step of each outdated pod the budget lets go (module docstring, 1-3)."""
+
+    def __init__(self, target: Target, revision: str, pacing: Pacing,
+                 pulls: Mapping[str, Mapping[str, Any]], now: float) -> None:
+        self.target, self.revision, self.pacing, self.now = target, revision, pacing, now
+        self.existing_pulls = pulls
+        self.patches: list[PodPatch] = []
+        self.gates: list[GatePatch] = []
+        self.pulls: list[Obj] = []
+        self.waiting_pulls: set[str] = set()
+        self.preparing: set[str] = set()
+        self.recheck_s: float | None = None
+
+    def _recheck(self, seconds: float) -> None:
+        self.recheck_s = seconds if self.recheck_s is None else min(self.recheck_s, seconds)
+
+    def run(self, owned: Mapping[int, Mapping[str, Any]], outdated: Sequence[Mapping[str, Any]],
+            in_flight: Sequence[Mapping[str, Any]],
+            serving: Callable[[Mapping[str, Any]], bool]) -> Failure | None:
+        unavailable = {name_of(p) for p in owned.values() if not serving(p)}
+        unavailable |= {name_of(p) for p in in_flight}
+        down = {name_of(p) for p in owned.values() if not pod_ready(p)}
+        for pod in sorted(outdated, key=lambda p: -(ordinal(p, self.target.name) or 0)):
+            name = name_of(pod)
+            if name not in down and len(unavailable) >= self.target.max_unavailable:
+                continue  # over budget; a pod that is down anyway may still go
+            unavailable.add(name)
+            why = self._step(pod)
+            if why is not None:
+                return Failure(name, why)
+        return None
+
+    def _step(self, pod: Mapping[str, Any]) -> str | None:
+        name = name_of(pod)
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        needs_pull = (self.pacing.prepull_timeout_s > 0 and pod_ready(pod) and bool(node)
+                      and engine_image(pod.get("spec") or {}) != self.target.image)
+        if needs_pull:
+            pull_name = prepull_name(name, self.target.image, node)
+            state, why = _pull_state(self.existing_pulls.get(pull_name), self.now,
+                                     self.pacing.prepull_timeout_s)
+            if state == "failed":
+                self.waiting_pulls.add(pull_name)  # kept: a registry back lets it finish
+                return (f"the new engine image {self.target.image} could not be pulled on node "
+                        f"{node} ahead of the restart ({why}); the engine keeps running "
+                        "the old image")
+            if state != "pulled":
+                self.preparing.add(name)
+                self._recheck(PULL_POLL_S)
+                if state == "missing":
+                    self.pulls.append(build_prepull_pod(
+                        cr_name=self.pacing.cr_name, namespace=self.pacing.namespace,
+                        engine_pod=pod, image=self.target.image,
+                        deadline_s=int(self.pacing.prepull_timeout_s)))
+                else:
+                    self.waiting_pulls.add(pull_name)
+                return None
+        cond = gate(pod)
+        if has_gate(pod) and (cond or {}).get("status") != "False":
+            self.preparing.add(name)
+            self.gates.append(gate_patch(pod, False, self.now, (
+                f"out of rotation for an in-place update to revision {self.revision}")))
+            self._recheck(self.pacing.drain_grace_s)
+            return None
+        if has_gate(pod):
+            since = parse_time((cond or {}).get("lastTransitionTime"))
+            waited = int(self.now) - since if since is not None else None  # whole seconds
+            if waited is not None and waited < self.pacing.drain_grace_s:
+                self.preparing.add(name)
+                self._recheck(self.pacing.drain_grace_s - waited)
+                return None
+        self.patches.append(engine_patch(pod, self.target, self.revision, self.now))
+        return None

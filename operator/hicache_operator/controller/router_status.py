@@ -136,13 +136,16 @@ def router_block(*, deployment: Mapping[str, Any] | None, serving: bool,
 
 
 def routed_pods(pods: Sequence[Mapping[str, Any]],
-                observation: RouterObservation) -> set[str]:
+                observation: RouterObservation) -> set[str] | None:
     """The engine pods the router routes to now (matched by pod IP): an in-place rollout's
     serving check, so the next pod restarts only once the router sends to the restarted one.
-    An unreadable router routes to none of them: the rollout waits, it does not fail."""
-    healthy = observation.healthy_ips or frozenset()
+    None: the router could not be read, so nobody knows which pods it routes to; the rollout
+    waits (it must not take that for "none of them", which made every pod look unavailable
+    anyway and restarted them all at once)."""
+    if observation.healthy_ips is None:
+        return None
     return {str(p["metadata"]["name"]) for p in pods
-            if (p.get("status") or {}).get("podIP") in healthy}
+            if (p.get("status") or {}).get("podIP") in observation.healthy_ips}
 
 
 def router_pod_selector(name: str) -> str:

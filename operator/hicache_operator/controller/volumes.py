@@ -14,6 +14,7 @@ Pure: the controller reads the claims and StorageClasses and applies the patches
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,8 @@ from typing import Any
 from ..api.quantity import QuantityError, format_bytes, parse_bytes
 
 SIZE_FIELD = "spec.l3.ssd.volume.claimTemplate.size"
+#: The field the refusal names when the tier spans several drives.
+SIZES_FIELD = "spec.l3.ssd.volumes"
 
 
 def claim_request(pvc: Mapping[str, Any]) -> int | None:
@@ -35,13 +38,26 @@ def claim_request(pvc: Mapping[str, Any]) -> int | None:
         return None
 
 
-def claims_to_grow(claim_bytes: int, pvcs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The SSD claims smaller than the planned claim size."""
+def template_of(claim: str, statefulset: str, templates: Sequence[str]) -> str | None:
+    """The claim template a StatefulSet's claim was made from: ``<template>-<sts>-<ordinal>``
+    (``umbp-ssd-x-0`` is drive 0's, ``umbp-ssd-1-x-0`` drive 1's)."""
+    for t in templates:
+        if re.fullmatch(rf"{re.escape(t)}-{re.escape(statefulset)}-\d+", claim):
+            return t
+    return None
+
+
+def claims_to_grow(sizes: Mapping[str, int], statefulset: str,
+                   pvcs: Sequence[Mapping[str, Any]]) -> list[tuple[Mapping[str, Any], int]]:
+    """The SSD claims smaller than their template's planned size (``sizes``: template name ->
+    bytes), each with that size."""
     out = []
     for pvc in pvcs:
+        name = str((pvc.get("metadata") or {}).get("name", ""))
+        template = template_of(name, statefulset, list(sizes))
         size = claim_request(pvc)
-        if size is not None and size < claim_bytes:
-            out.append(pvc)
+        if template is not None and size is not None and size < sizes[template]:
+            out.append((pvc, sizes[template]))
     return out
 
 
@@ -55,12 +71,12 @@ class Expansion:
     refusal: str | None = None  # why the size change cannot be applied
 
 
-def plan_expansion(claim_bytes: int, small: Sequence[Mapping[str, Any]],
+def plan_expansion(small: Sequence[tuple[Mapping[str, Any], int]],
                    classes: Mapping[str, Mapping[str, Any] | None]) -> Expansion:
-    """Patches growing ``small`` claims to ``claim_bytes``, or a refusal naming the claims
+    """Patches growing ``small`` claims to their planned size, or a refusal naming the claims
     whose StorageClass (``classes``: name -> object, None when it does not exist) cannot."""
     blocked = []
-    for pvc in small:
+    for pvc, _size in small:
         name = (pvc.get("metadata") or {}).get("name", "?")
         class_name = storage_class_of(pvc)
         sc = classes.get(class_name) if class_name else None
@@ -71,13 +87,13 @@ def plan_expansion(claim_bytes: int, small: Sequence[Mapping[str, Any]],
                    f"(allowVolumeExpansion is not true)")
             blocked.append(f"claim {name} ({format_bytes(claim_request(pvc) or 0)}) {why}")
     if blocked:
+        sizes = " / ".join(sorted({format_bytes(size) for _pvc, size in small}))
         return Expansion(refusal=(
-            f"{format_bytes(claim_bytes)} cannot be applied: the existing SSD claims cannot "
+            f"{sizes} cannot be applied: the existing SSD claims cannot "
             f"grow: {'; '.join(blocked)}. Nothing of this spec change was applied (the pods' "
             f"free-space check would fail on the old volumes). Revert the size, use a "
             f"StorageClass that allows expansion, or delete the claims (their cache is lost) "
             f"so the StatefulSet makes new ones"))
-    size = format_bytes(claim_bytes)
     return Expansion(patches={
         (pvc.get("metadata") or {})["name"]: {"spec": {"resources": {"requests": {
-            "storage": size}}}} for pvc in small})
+            "storage": format_bytes(size)}}}} for pvc, size in small})

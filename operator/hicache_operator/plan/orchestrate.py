@@ -115,11 +115,9 @@ class Plan:
         return [t.model_dump(by_alias=True, exclude_none=True) for t in tiers]
 
     @property
-    def ssd_claim_bytes(self) -> int | None:
-        """Size of the per-pod SSD claim (volumeClaimTemplates), if the tier uses one."""
-        if self.ssd.enabled and self.ssd.claim_template is not None:
-            return self.ssd.volume_bytes
-        return None
+    def ssd_claim_sizes(self) -> dict[str, int]:
+        """Size of each per-pod SSD claim template (volumeClaimTemplates) by name."""
+        return self.ssd.claim_sizes if self.ssd.enabled else {}
 
 
 def plan(
@@ -296,9 +294,9 @@ def _warnings(
             "a toleration matches the amd-gpu-unhealthy taint: pods may land on GPUs "
             "the AMD GPU operator marked unhealthy"
         )
-    if ssd.enabled and ssd.kind == "emptyDir" and (ssd.volume_bytes or 0) > EMPTYDIR_SSD_MAX:
+    if ssd.enabled and ssd.ephemeral_bytes > EMPTYDIR_SSD_MAX:
         out.append(
-            f"the SSD tier is an emptyDir of {fmt_bytes(ssd.volume_bytes or 0)} per pod: it "
+            f"the SSD tier is an emptyDir of {fmt_bytes(ssd.ephemeral_bytes)} per pod: it "
             f"lives on the kubelet's root disk (ephemeral-storage), which {spec.replicas} "
             f"pod(s) share with images and logs; use l3.ssd.volume.claimTemplate on a "
             f"local-NVMe StorageClass"
@@ -309,7 +307,8 @@ def _warnings(
             "checks free space in the pod"
         )
     identity = config.engine_pod_security
-    if ssd.enabled and ssd.kind == "hostPath" and identity.run_as_user not in (None, 0):
+    host_path = any(d.kind == "hostPath" for d in ssd.drives)
+    if ssd.enabled and host_path and identity.run_as_user not in (None, 0):
         out.append(
             f"hostPath SSD: the kubelet applies no fsGroup to hostPath volumes, so the "
             f"directory must be writable by uid {identity.run_as_user} on every node "

@@ -7,8 +7,10 @@ import shlex
 from hicache_umbp.contract.units import fmt_bytes, k8s_hugepage_resource
 
 from ..api.quantity import format_bytes
-from ..planner.engine import SIDECAR_MEDIUM, standalone_server_command
+from ..planner.engine import SIDECAR_MEDIUM, attention_tp_size, standalone_server_command
+from ..planner.kv_pools import compare_kv_pools
 from ..planner.rollout import rollout_summary
+from ..planner.router_sizing import pod_tokens
 from .orchestrate import Plan
 
 
@@ -63,7 +65,8 @@ def render_summary(p: Plan) -> str:
     )
     standalone = spec.l3.mode == "standalone"
     dram = "shared server" if standalone else _bytes(s.dram_per_rank)
-    ssd = "shared server" if standalone else _bytes(s.ssd_per_rank)
+    ssd = ("pod's drives, shared" if p.ssd.ours else "shared server" if standalone
+           else _bytes(s.ssd_per_rank))
     for r in p.topology.ranks:
         add(f"  {r.rank:<5}{r.gpu:<5}{r.numa_node:<6}{pool:<28}{dram:<28}{ssd}")
     verdict = "yes" if p.topology.single_numa_node_compatible else "NO"
@@ -76,18 +79,19 @@ def render_summary(p: Plan) -> str:
         f"{', '.join(p.topology.admitted_by)}")
     add("")
     if p.ssd.enabled:
-        size = f"{format_bytes(p.ssd.volume_bytes)} " if p.ssd.volume_bytes else ""
-        add(
-            f"SSD: {p.ssd.kind} {size}mounted at {p.ssd.mount_path}; tier "
-            f"{_bytes(p.ssd.capacity)}; dirs {', '.join(p.ssd.rank_dirs)}"
-        )
+        add(f"SSD: engine {p.ssd.engine}, tier {_bytes(p.ssd.capacity)}; dirs "
+            f"{', '.join(p.ssd.dirs)}")
+        for d in p.ssd.drives:
+            size = f"{format_bytes(d.volume_bytes)} " if d.volume_bytes else ""
+            add(f"  {d.name}: {d.kind} {size}mounted at {d.mount_path}")
     else:
         add("SSD: disabled")
+    add("Capacity in tokens per pod (model.kvBytesPerToken): " + tier_tokens(p))
     if standalone:
         add("Standalone UMBP sidecars (native sidecars, survive engine restarts):")
         for line in sidecar_lines(p):
             add(f"  {line}")
-    add(f"Warm L3 cache (mori 1.2.4): {warm_cache(p)}")
+    add(f"Warm L3 cache: {warm_cache(p)}")
     add(f"Rollouts: {rollout_summary(spec)}")
     add("")
     add(router_line(p))
@@ -118,15 +122,43 @@ def router_line(p: Plan) -> str:
 
 def warm_cache(p: Plan) -> str:
     """What of the L3 cache survives an engine restart, a pod restart and a reschedule
-    (``hicache_umbp.contract.persistence``, measured on mori 1.2.4: docs/operations.md)."""
+    (``hicache_umbp.contract.persistence``: mori 1.2.4 measured, the hicache SSD tier by its
+    restart tests; docs/operations.md)."""
     from hicache_umbp.contract.persistence import warm_cache_survival
 
     dram = p.sizing.dram_total > 0
     ssd = p.ssd.enabled
+    kept = all(d.kind != "emptyDir" for d in p.ssd.drives)
     try:
-        return warm_cache_survival(p.spec.l3.mode, dram=dram, ssd=ssd).summary()
+        return warm_cache_survival(p.spec.l3.mode, dram=dram, ssd=ssd, ssd_engine=p.ssd.engine,
+                                   ssd_volume_kept=kept).summary()
     except ValueError as e:  # no L3 tier (the plan was refused for it)
         return str(e)
+
+
+def tier_tokens(p: Plan) -> str:
+    """Each tier's capacity in tokens of one pod, from ``spec.model.kvBytesPerToken``: host pool,
+    UMBP DRAM and SSD as :func:`~hicache_operator.planner.router_sizing.pod_tokens` counts them
+    (``b`` bytes per token and rank; L3 ``T * b`` per token for mha, ``b`` for mla: one copy per
+    pod), and the device pool ``G * floor(D / b)`` when the plan can estimate D
+    (:func:`~hicache_operator.planner.kv_pools.compare_kv_pools`, needs model.weightsSize)."""
+    spec, s = p.spec, p.sizing
+    tp = attention_tp_size(spec)
+    t = pod_tokens(s, tp, spec.model.attention == "mla")
+    if t is None or s.page is None:
+        return "unknown (set model.kvBytesPerToken)"
+    parts = []
+    pools = compare_kv_pools(spec, p.gpu_model)
+    if pools is not None:
+        b = s.page.page_bytes // s.page.page_size
+        groups = max(s.ranks // max(tp, 1), 1)
+        parts.append(f"device ~{groups * (pools.device_per_rank // b):,}")
+    parts.append(f"host pool {t.host:,}")
+    if s.dram_total:
+        parts.append(f"UMBP DRAM {t.l3_dram:,}")
+    if p.ssd.enabled:
+        parts.append(f"SSD {t.l3_ssd:,}")
+    return ", ".join(parts)
 
 
 def sidecar_lines(p: Plan) -> list[str]:

@@ -30,9 +30,11 @@ from hicache_umbp.contract.units import GB
 from hicache_umbp.launch.command import owned_flag, render_command
 from hicache_umbp.launch.errors import LaunchError
 
+from ..api.k8s import IN_PLACE
 from ..api.spec import SGLangHiCacheSpec
 from .errors import Problems
 from .page_geometry import largest_page_size, page_size_refusal
+from .pod_overhead import engine_stop_grace_seconds
 from .sizing import PodSizing
 from .ssd import SsdLayout
 
@@ -205,19 +207,32 @@ def contract_values(
         "write_policy": hc.write_policy,
         "io_backend": hc.io_backend,
         "numa_policy": hc.host_allocator.numa,
-        "ssd_allow_posix_fallback": l3.ssd.allow_posix_fallback,
         "extra_args": json.dumps(sglang_extra_args(spec, enable_metrics)),
         "report_path": REPORT_PATH,
     }
+    if not ssd.ours:
+        # mori's io_uring fallback; the hicache engine never uses io_uring
+        v["ssd_allow_posix_fallback"] = l3.ssd.allow_posix_fallback
     if hc.host_pool_per_rank is not None:
         v["host_pool_bytes"] = sizing.host_pool_per_rank
     elif hc.host_pool_ratio is not None:
         v["host_pool_ratio"] = hc.host_pool_ratio
+    if ssd.ours:
+        # Our SSD tier, in the engine process in either mode; the env default is mori (pods
+        # rendered before the choice existed start as they did), so the engine is always named.
+        v.update(
+            umbp_ssd_engine="hicache",
+            umbp_ssd_dir=",".join(ssd.dirs),
+            umbp_ssd_bytes=sizing.ssd_per_rank,
+            umbp_ssd_io_threads=l3.ssd.io_threads,
+            umbp_ssd_direct_io=l3.ssd.direct_io,
+            umbp_ssd_durability=l3.ssd.durability,
+        )
     if l3.mode == "embedded":
         v["umbp_dram_bytes"] = sizing.dram_per_rank
         v["umbp_dram_hugepage_bytes"] = sizing.dram_page
         v["umbp_dram_prefault"] = l3.dram.prefault
-        if ssd.enabled:
+        if ssd.enabled and not ssd.ours:
             v.update(
                 umbp_ssd_dir=SSD_MOUNT,
                 umbp_ssd_bytes=sizing.ssd_per_rank,
@@ -226,10 +241,14 @@ def contract_values(
             )
     else:
         v["umbp_socket_dir"] = SOCKET_DIR
-        if ssd.enabled and sizing.page is not None:
+        if ssd.enabled and not ssd.ours and sizing.page is not None:
             # The same number as the sidecar's UMBP_DISTRIBUTED_DRAM_PAGE_SIZE (builders);
             # without the page geometry both keep their default (8 MiB), as before.
             v["umbp_ssd_slot_bytes"] = sizing.ssd_slot_bytes
+    if spec.update_strategy.type == IN_PLACE:
+        # Only the configuration watcher of InPlaceIfPossible reads it; rendered for no other
+        # strategy, so their pods' templates stay byte for byte across an operator upgrade.
+        v["engine_stop_grace_s"] = engine_stop_grace_seconds(sizing.engine_pool_bytes)
     if l3.backend == BUILTIN_BACKEND:
         # Rendered only when not the default, so pods of CRs that never set it keep their
         # ConfigMap (and config hash) byte for byte: an operator upgrade restarts no engine.
@@ -245,6 +264,8 @@ CONTRACT_FIELDS = {
     "umbp_ssd_bytes": "spec.l3.ssd.capacity",
     "umbp_tier_queue_bytes": "spec.l3.tiering.queueSize",
     "umbp_ssd_slot_bytes": "spec.engine.pageSize",
+    "umbp_ssd_dir": "spec.l3.ssd.volumes",
+    "umbp_ssd_io_threads": "spec.l3.ssd.ioThreads",
     "umbp_local_ranks": "spec.engine.tensorParallelSize",
     "host_pool_bytes": "spec.hiCache.hostPoolPerRank",
     "host_pool_ratio": "spec.hiCache.hostPoolRatio",

@@ -1,5 +1,6 @@
 """The L3 client's host buffers, sized from the page part: the write-back ring and the SSD
-staging in the engine, and the umbp-ssd sidecar's staging slots.
+staging in the engine, the hicache SSD tier's index and I/O threads, and the umbp-ssd sidecar's
+staging slots.
 
 Notation as in :mod:`.sizing` (R ranks, Q the ring budget per rank) and :mod:`.page_geometry`
 (``n`` parts of ``p`` bytes per page).
@@ -16,8 +17,25 @@ limit, never in hugepages), per rank from
 
 The engine counts ``R *`` (ring + staging).
 
-umbp-ssd sidecar (standalone SSD tier): staging slot ``s = roundup(p, 4 KiB)``, rendered
-both to the engine's ``umbp_ssd_slot_bytes`` and to the sidecar's
+hicache SSD tier (``spec.l3.ssd.engine: hicache``, the backend's ``hicache_umbp.disk``; in the
+engine, either mode), M drives, T I/O threads per drive, the pod's tier ``S_p = R * S_r``:
+
+- no staging buffer: pages move between the host pool and the drive with ``O_DIRECT``;
+- slot ``s = roundup(p, 4 KiB)``; without K, ``s = 4 KiB`` (the smallest slot: the most slots,
+  so the largest index, conservative); slots per drive ``n = floor(floor(S_p / M) / s)`` in
+  whole sets of 16 (``hicache_umbp.disk.layout.slots_for``);
+- index per drive ``roundup(4096 + 64 * n, 4 KiB)`` (``index.hcx``, ``layout.index_bytes_for``):
+  a shared file mapping every rank maps, whose pages are charged once to the pod's memory
+  cgroup (they are touched, not reclaimable while mapped and in use): counted once per drive;
+- I/O thread stacks ``R * M * T * 8 MiB``: each rank's process runs T threads per drive, each
+  with glibc's default 8 MiB stack (RLIMIT_STACK), an upper bound of what a thread is charged.
+
+With ``directIO: false`` the data goes through the page cache, which the kernel reclaims under
+the limit: not counted. DeepSeek-R1 (p = 4,497,408 B, s = 4,497,408 B, R = 8) with 3 TiB on one
+drive: n = 733,424, index 44.8 MiB, stacks 512 MiB; on 8 drives: 8 x 5.6 MiB, stacks 4 GiB.
+
+umbp-ssd sidecar (standalone SSD tier, engine mori): staging slot ``s = roundup(p, 4 KiB)``,
+rendered both to the engine's ``umbp_ssd_slot_bytes`` and to the sidecar's
 ``UMBP_DISTRIBUTED_DRAM_PAGE_SIZE`` (``hicache_umbp.contract.mori_env``), so one part takes one
 slot and one 16-slot batch of a rank holds ``16 // n`` pages (``staging.ssd_keys_per_call``);
 ``2 * 16 * R`` slots; staging ``= slots * s`` (``staging.sidecar_ssd_staging_bytes``), taken
@@ -96,7 +114,7 @@ def staging_assumed(
 
 def staging_of_page(
     spec: SGLangHiCacheSpec, page: PageGeometry, ranks: int, queue_r: int, dram: bool,
-    ssd: bool, lines: list[str],
+    ssd: bool, lines: list[str], *, ssd_staging: bool = True,
 ) -> tuple[int, int]:
     """Ring and embedded SSD staging of the pod from the real page part (the backend's own
     :func:`~hicache_umbp.contract.staging.staging_memory_per_rank`)."""
@@ -116,12 +134,58 @@ def staging_of_page(
             f"write-back ring = {ranks} ranks x floor(queueSize {queue_r} B / part {part} B) x "
             f"{part} B = {ranks} x {st.ring_bytes} B = {ranks * st.ring_bytes} B (memory)"
         )
-    if st.ssd_staging_bytes:
+    staged = st.ssd_staging_bytes if ssd_staging else 0
+    if staged:
         lines.append(
             f"SSD staging = {ranks} ranks x {SSD_STAGING_SLOTS} slots x part {part} B = "
             f"{ranks * st.ssd_staging_bytes} B (memory)"
         )
-    return ranks * st.ring_bytes, ranks * st.ssd_staging_bytes
+    return ranks * st.ring_bytes, ranks * staged
+
+
+#: Smallest slot of the hicache SSD tier (``hicache_umbp.disk.layout.ALIGN``), assumed without
+#: the model's geometry.
+DISK_SLOT_ALIGN = 4 * KIB
+DISK_SUPERBLOCK_BYTES = 4 * KIB
+DISK_ENTRY_BYTES = 64
+DISK_WAYS = 16
+#: glibc's default thread stack (RLIMIT_STACK, 8 MiB in containerd's and Docker's defaults).
+IO_THREAD_STACK_BYTES = 8 * 1024 * KIB
+
+
+def disk_slots(share_bytes: int, slot_bytes: int) -> int:
+    """Slots one drive of ``share_bytes`` holds: whole sets of 16 (module docstring)."""
+    n = share_bytes // slot_bytes
+    return n - n % DISK_WAYS if n >= DISK_WAYS else n
+
+
+def disk_index_bytes(nslots: int) -> int:
+    """``index.hcx`` of one drive: superblock plus 64 B per slot, whole 4 KiB pages."""
+    return round_up(DISK_SUPERBLOCK_BYTES + nslots * DISK_ENTRY_BYTES, DISK_SLOT_ALIGN)
+
+
+def disk_tier_memory(
+    page: PageGeometry | None, ranks: int, pod_bytes: int, drives: int, io_threads: int,
+    lines: list[str],
+) -> int:
+    """The hicache SSD tier's memory in the engine container: index mappings plus I/O thread
+    stacks (module docstring)."""
+    slot = DISK_SLOT_ALIGN if page is None else round_up(page.part_bytes, DISK_SLOT_ALIGN)
+    share = pod_bytes // max(drives, 1)
+    nslots = disk_slots(share, slot)
+    index = disk_index_bytes(nslots)
+    stacks = ranks * drives * io_threads * IO_THREAD_STACK_BYTES
+    total = drives * index + stacks
+    how = ("4 KiB assumed: model.kvBytesPerToken unset" if page is None else
+           f"roundup(part {page.part_bytes} B, 4 KiB)")
+    lines.append(
+        f"SSD index = {drives} drive(s) x roundup(4096 + 64 x floor({pod_bytes} B / {drives} / "
+        f"slot {slot} B ({how})) = {nslots} slots, 4 KiB) = {drives} x {index} B (memory, "
+        f"shared by the ranks)")
+    lines.append(
+        f"SSD I/O threads = {ranks} ranks x {drives} drive(s) x {io_threads} threads x "
+        f"{format_bytes(IO_THREAD_STACK_BYTES)} stack = {stacks} B (memory)")
+    return total
 
 
 def ssd_sidecar(
@@ -161,6 +225,14 @@ def staging_warnings(spec: SGLangHiCacheSpec, page: PageGeometry | None, ssd_tot
     """An SSD tier sized without the model's geometry says what was assumed."""
     if page is not None or not ssd_total:
         return []
+    if spec.l3.ssd.engine == "hicache":
+        return [
+            "model.kvBytesPerToken is not set: the SSD tier's index is sized for 4 KiB slots "
+            "(the smallest page part, so the most slots: 64 B of memory per 4 KiB of SSD), "
+            f"and queueSize checked for page parts of {SSD_VALUE_BYTES_DEFAULT} B (8 MiB); set "
+            "model.kvBytesPerToken (with model.attention mha or mla) to size both from the "
+            "real page and check pageSize at admission"
+        ]
     where = (
         f"the umbp-ssd sidecar's staging slots (16, shared by the {ranks} ranks; 32 per rank "
         f"with the geometry) are" if spec.l3.mode == "standalone"

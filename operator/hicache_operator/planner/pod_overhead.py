@@ -21,7 +21,20 @@
   SIGTERM and the release
   of the engine's host pools (munmap and unpinning; bounded by the 0.174 s/GiB measured to
   allocate and prefault hugetlb memory, DESIGN §7), plus 30 s for the rest of the exit. The
-  DeepSeek-R1 example (8 x 200 GiB): 655 s, where 120 s cut long generations and the release.
+  DeepSeek-R1 example (standalone, 8 x 200 GiB): 5 + 300 + 60 + 320 + 30 = 715 s, where 120 s
+  cut long generations and the release.
+* the engine's stop after SIGTERM = ``ceil(0.2 s/GiB * engine pools) + 30`` (the grace period's
+  last part): the launcher's configuration watcher (``hicache_umbp.launch.revision``) drains
+  (300 s [+ 60 s]) and then allows this long before SIGKILL, so an in-place configuration
+  change stops the engine within the same budget as the kubelet's stop (DeepSeek-R1: 350 s; a
+  fixed 110 s SIGKILLed it in the middle of unpinning 1.6 TiB). The planner renders it to the
+  env contract (``HICACHE_ENGINE_STOP_GRACE_SECONDS``).
+* in-place restart timeout = ``terminationGracePeriodSeconds + 120``: an in-place update fails
+  when the engine container is still the old one this long after the update. The kubelet may
+  legitimately take the whole grace period to stop the old container (drain, then release),
+  then creates the new one (the image is pulled ahead, ``builders.prepull``); 120 s covers that
+  creation. DeepSeek-R1: 835 s (the former fixed 600 s reported its slow, legitimate restarts
+  as failed).
 """
 
 from __future__ import annotations
@@ -42,6 +55,8 @@ DRAIN_L3_TIMEOUT_S = 60
 #: Seconds per GiB of engine pool to release at stop (0.2: upper bound, allocate + prefault).
 RELEASE_S_PER_GIB = (1, 5)
 GRACE_MARGIN_S = 30
+#: After the old engine container stopped: the kubelet creates the new one (image present).
+RESTART_START_MARGIN_S = 120
 
 
 def page_table_bytes(nbytes: int, page_size: int) -> int:
@@ -68,7 +83,18 @@ def termination_grace_seconds(engine_pool_bytes: int, l3_wait: bool = False) -> 
     """terminationGracePeriodSeconds for an engine holding ``engine_pool_bytes`` of host pools
     (and embedded UMBP DRAM): drain (``l3_wait``: and let L3 catch up), then release them
     (module docstring)."""
-    num, den = RELEASE_S_PER_GIB
-    release = -(-engine_pool_bytes * num // (den * GIB))
     drain = DRAIN_ENDPOINT_DELAY_S + DRAIN_TIMEOUT_S + (DRAIN_L3_TIMEOUT_S if l3_wait else 0)
-    return drain + release + GRACE_MARGIN_S
+    return drain + engine_stop_grace_seconds(engine_pool_bytes)
+
+
+def engine_stop_grace_seconds(engine_pool_bytes: int) -> int:
+    """Seconds from SIGTERM to SIGKILL of an engine holding ``engine_pool_bytes``: the release
+    of its pools plus the rest of the exit (module docstring)."""
+    num, den = RELEASE_S_PER_GIB
+    return -(-engine_pool_bytes * num // (den * GIB)) + GRACE_MARGIN_S
+
+
+def in_place_restart_timeout_seconds(termination_grace_s: int) -> int:
+    """How long after an in-place update the engine container may still be the old one
+    (module docstring)."""
+    return termination_grace_s + RESTART_START_MARGIN_S

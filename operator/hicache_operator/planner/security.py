@@ -167,6 +167,7 @@ def security_warnings(spec: SGLangHiCacheSpec, policy: AdminPolicy,
         )
     if (
         spec.l3.ssd.enabled
+        and spec.l3.ssd.engine == "mori"  # the hicache engine never uses io_uring
         and spec.l3.mode == "embedded"
         and spec.l3.ssd.io_backend == "io_uring"
         and not spec.l3.ssd.allow_posix_fallback

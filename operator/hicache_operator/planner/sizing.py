@@ -11,7 +11,8 @@ T the attention-TP ranks (TP, divided by DP under DP attention), h the KV heads
 
 * Page geometry ``n`` parts of ``p`` bytes per page and rank, and the pageSize the tiers hold:
   :mod:`.page_geometry`. The L3 client's host buffers (write-back ring, SSD staging) and the
-  umbp-ssd sidecar: :mod:`.l3_staging`; their totals enter the memory formulas below.
+  umbp-ssd sidecar, and the hicache SSD tier's index and I/O threads: :mod:`.l3_staging`;
+  their totals enter the memory formulas below.
 * Host pool per rank: ``H_r = roundup(H, P_h)``; the allocator maps whole hugepages.
 * UMBP DRAM: embedded mode splits it per rank, ``D_r = floor(D / R / page) * page`` (page = P_d
   or 4 KiB), never more than asked; standalone mode runs one DRAM server with
@@ -21,11 +22,19 @@ T the attention-TP ranks (TP, divided by DP under DP attention), h the KV heads
   multiple of P, requests == limits, not part of the memory limit.
 * /dev/shm (auto) = ``max(16 GiB, 4 GiB * R)``; an emptyDir ``medium: Memory`` whose pages count
   against the engine's memory limit.
-* engine memory (auto) = ``roundup_GiB(1.1 * (16 GiB + 12 GiB * R) + shm + 4 KiB-backed pools + ring
-  + SSD staging)`` (ring and staging from :mod:`.l3_staging`): process overhead per rank (Python,
+* SSD tier per rank ``S_r = floor(S / R)``: embedded mode, and the hicache engine in either mode
+  (``spec.l3.ssd.engine``; it holds ``R * S_r`` for the pod on M drives, T I/O threads each);
+  the mori engine's standalone sidecar holds S.
+* hicache SSD tier memory ``X = M * roundup(4096 + 64 * n, 4 KiB) + R * M * T * 8 MiB``, n the
+  slots per drive ``floor(floor(R * S_r / M) / roundup(p, 4 KiB))`` in whole sets of 16
+  (p = 4 KiB without K): its shared index mappings and I/O thread stacks
+  (:func:`.l3_staging.disk_tier_memory`); no staging buffer.
+* engine memory (auto) = ``roundup_GiB(1.1 * (16 GiB + 12 GiB * R) + shm + 4 KiB-backed pools
+  + ring + SSD staging + X)`` (ring and staging from :mod:`.l3_staging`): process overhead per
+  rank (Python,
   ROCm runtime, SGLang scheduler) with 10 % headroom, the tmpfs, and the host buffers not in
   hugepages (sized exactly, no headroom on them). An explicit memory must cover ``shm + 4 KiB-backed
-  pools + ring + SSD staging + 4 GiB``.
+  pools + ring + SSD staging + X + 4 GiB``.
 * SGLang's own host-memory check (``pool_host/base.py``): before it allocates a host pool it
   requires ``limit - usage - 10 GiB >= R * H`` (``HICACHE_HOST_MEMORY_RESERVE_BYTES``), with
   ``usage`` about the process memory. For a 4 KiB-backed host pool the engine memory is therefore
@@ -65,7 +74,7 @@ from ..api.config import OperatorConfig
 from ..api.quantity import format_bytes, parse_bytes
 from ..api.spec import SGLangHiCacheSpec
 from .errors import Problems
-from .l3_staging import ssd_sidecar, staging_assumed, staging_of_page
+from .l3_staging import disk_tier_memory, ssd_sidecar, staging_assumed, staging_of_page
 from .page_geometry import PageGeometry
 from .pod_overhead import MIB, mapped_page_tables, sidecar_dram_memory
 
@@ -122,10 +131,17 @@ class PodSizing:
     ssd_slot_bytes: int = SSD_VALUE_BYTES_DEFAULT  # umbp-ssd sidecar slot (umbp_ssd_slot_bytes)
     ssd_sidecar_slots: int = SSD_STAGING_SLOTS  # its staging slots (all ranks share them)
     ssd_sidecar_staging: int = 0  # their bytes, in the umbp-ssd container's memory
+    ssd_disk_memory: int = 0  # the hicache SSD tier's index and I/O thread stacks (engine)
 
     @property
     def engine(self) -> ContainerSizing:
         return self.containers[0]
+
+    @property
+    def engine_pool_bytes(self) -> int:
+        """What the engine releases when it stops: its host pools and, embedded, the UMBP DRAM
+        (``dram_per_rank`` is 0 standalone); the stop budgets of ``pod_overhead`` scale with it."""
+        return (self.host_pool_per_rank + self.dram_per_rank) * self.ranks
 
     @property
     def cpu_total(self) -> int:
@@ -175,27 +191,35 @@ def size_pod(
     standalone = l3.mode == "standalone"
     host_page, host_r = _host_pool(spec, lines)
     dram_page, dram_r, dram_total, dram_raw = _umbp_dram(spec, ranks, problems, lines)
-    ssd_r = 0 if standalone else ssd_bytes // ranks
+    # The hicache SSD tier runs in the engine in either mode; mori's standalone in its sidecar.
+    ours = bool(ssd_bytes) and l3.ssd.engine == "hicache"
+    ssd_r = ssd_bytes // ranks if ours or not standalone else 0
 
     queue_r = parse_bytes(l3.tiering.queue_size, field="l3.tiering.queueSize")
     if page is None:
         ring_total, staging_total = staging_assumed(
-            ranks, queue_r, l3.tiering.queue_size, bool(ssd_bytes) and bool(dram_total),
-            bool(ssd_bytes) and not standalone, problems, lines,
+            ranks, queue_r, l3.tiering.queue_size,
+            bool(ssd_bytes) and bool(dram_total),
+            bool(ssd_bytes) and not standalone and not ours, problems, lines,
         )
     else:
         ring_total, staging_total = staging_of_page(
-            spec, page, ranks, queue_r, bool(dram_total), bool(ssd_bytes), lines
+            spec, page, ranks, queue_r, bool(dram_total), bool(ssd_bytes), lines,
+            ssd_staging=not ours,
         )
     slot, slots, sidecar_staging, sidecar_memory = ssd_sidecar(
-        page, ranks, standalone and bool(ssd_bytes), lines
+        page, ranks, standalone and bool(ssd_bytes) and not ours, lines
     )
+    disk_memory = disk_tier_memory(
+        page, ranks, ssd_r * ranks, len(l3.ssd.drive_volumes()), l3.ssd.io_threads, lines
+    ) if ours else 0
 
     shm = _shm(spec, ranks, lines)
     engine_hp, four_k_pools = plan_hugepages(
         ranks, host_page, host_r, dram_page, 0 if standalone else dram_total, lines)
     engine_mem = _engine_memory(
-        spec, ranks, shm, four_k_pools, ring_total + staging_total, problems, lines,
+        spec, ranks, shm, four_k_pools, ring_total + staging_total + disk_memory, problems,
+        lines, l3_label="L3 ring and SSD index and threads" if ours else "L3 ring and SSD staging",
         sglang_checked_pool=None if host_page else host_r * ranks,
     )
     containers = [ContainerSizing("engine", _engine_cpu(spec, ranks, lines), engine_mem,
@@ -211,7 +235,7 @@ def size_pod(
             f"page tables {mapped_page_tables({dram_page: dram_total})} B + engine pools' "
             f"{mapped_page_tables(registered)} B) = {mem} B")
         containers.append(ContainerSizing("umbp-dram", SIDECAR_CPU, mem, hp))
-    if standalone and ssd_bytes:
+    if standalone and ssd_bytes and not ours:
         mapped = -(-(sidecar_memory + mapped_page_tables(registered)) // MIB) * MIB
         containers.append(ContainerSizing("umbp-ssd", SIDECAR_CPU, mapped))
 
@@ -235,6 +259,7 @@ def size_pod(
         ssd_slot_bytes=slot,
         ssd_sidecar_slots=slots,
         ssd_sidecar_staging=sidecar_staging,
+        ssd_disk_memory=disk_memory,
     )
     _check_fit(sizing, config, problems)
     return sizing
@@ -345,6 +370,7 @@ def _engine_memory(
     lines: list[str],
     *,
     sglang_checked_pool: int | None = None,
+    l3_label: str = "L3 ring and SSD staging",
 ) -> int:
     """``l3_buffers``: the write-back ring plus the embedded SSD staging; ``sglang_checked_pool``:
     the 4 KiB-backed host pools SGLang checks against the memory limit (0 when sized by ratio;
@@ -360,7 +386,7 @@ def _engine_memory(
                 "spec.resources.memory",
                 f"{spec.resources.memory} ({mem} B) is below what the engine needs outside "
                 f"hugepages: /dev/shm {shm} B + 4 KiB-backed pools {four_k_pools} B + "
-                f"L3 ring and SSD staging {l3_buffers} B + "
+                f"{l3_label} {l3_buffers} B + "
                 f"{ENGINE_MIN_PROCESS_MEMORY} B process = {runtime} B",
             )
         elif mem < check:
@@ -388,7 +414,7 @@ def _engine_memory(
     lines.append(
         f"engine memory = roundup_GiB(1.1 x ({format_bytes(ENGINE_BASE_MEMORY)} + "
         f"{format_bytes(ENGINE_MEMORY_PER_RANK)} x {ranks} ranks) + shm {format_bytes(shm)} + "
-        f"4 KiB-backed pools {four_k_pools} B + L3 ring and SSD staging {l3_buffers} B) = "
+        f"4 KiB-backed pools {four_k_pools} B + {l3_label} {l3_buffers} B) = "
         f"{format_bytes(mem)}"
     )
     return mem

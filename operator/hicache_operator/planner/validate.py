@@ -17,7 +17,11 @@ from pydantic import ValidationError
 
 from ..api.crd import MAX_NAME_LENGTH
 from ..api.k8s import ROLLING_UPDATE_TYPES_MESSAGE
-from ..api.l3 import BUILTIN_PREFAULT_THREADS_MESSAGE, BUILTIN_SSD_MESSAGE
+from ..api.l3 import (
+    BUILTIN_PREFAULT_THREADS_MESSAGE,
+    BUILTIN_SSD_MESSAGE,
+    MORI_ONE_VOLUME_MESSAGE,
+)
 from ..api.spec import KV_BYTES_NEEDS_ATTENTION, KV_HEADS_NEEDS_MHA, SGLangHiCacheSpec
 from ..api.types import API_VERSION, KIND
 from .errors import Problems
@@ -179,10 +183,11 @@ def check_cross_field_rules(spec: SGLangHiCacheSpec, problems: Problems) -> None
     if strategy.rolling_update is not None and strategy.type == "OnDelete":
         problems.add("spec.updateStrategy", ROLLING_UPDATE_TYPES_MESSAGE)
     ssd = spec.l3.ssd
-    if spec.l3.mode == "standalone" and ssd.enabled and ssd.io_backend != "io_uring":
+    if (spec.l3.mode == "standalone" and ssd.enabled and ssd.engine == "mori"
+            and ssd.io_backend != "io_uring"):
         problems.add(
             "spec.l3",
-            "ssd.ioBackend posix cannot be honoured in standalone mode: the "
+            "ssd.ioBackend posix cannot be honoured in standalone mode with engine mori: the "
             "umbp_standalone_server of mori 1.2.4 always uses io_uring (and falls back to "
             "posix by itself); use io_uring or mode embedded",
         )
@@ -192,14 +197,17 @@ def check_cross_field_rules(spec: SGLangHiCacheSpec, problems: Problems) -> None
         if hc.host_allocator.prefault_threads:
             problems.add("spec.hiCache.hostAllocator.prefaultThreads",
                          BUILTIN_PREFAULT_THREADS_MESSAGE)
-    if ssd.enabled and (ssd.capacity is None or ssd.volume is None):
-        problems.add("spec.l3.ssd", "an enabled SSD tier needs capacity and volume")
-    if ssd.volume is not None:
+    if ssd.enabled and (ssd.capacity is None or not ssd.drive_volumes()):
+        problems.add("spec.l3.ssd", "an enabled SSD tier needs capacity and volume (or volumes)")
+    if ssd.volume is not None and ssd.volumes is not None:
+        problems.add("spec.l3.ssd", "set exactly one of volume or volumes")
+    if ssd.volumes is not None and ssd.engine == "mori" and len(ssd.volumes) > 1:
+        problems.add("spec.l3.ssd.volumes", MORI_ONE_VOLUME_MESSAGE)
+    at = ([("spec.l3.ssd.volume", ssd.volume)] if ssd.volume is not None else
+          [(f"spec.l3.ssd.volumes[{i}]", v) for i, v in enumerate(ssd.volumes or [])])
+    for path, vol in at:
         count = sum(
-            v is not None
-            for v in (ssd.volume.claim_template, ssd.volume.empty_dir, ssd.volume.host_path)
+            v is not None for v in (vol.claim_template, vol.empty_dir, vol.host_path)
         )
         if count != 1:
-            problems.add(
-                "spec.l3.ssd.volume", "set exactly one of claimTemplate, emptyDir or hostPath"
-            )
+            problems.add(path, "set exactly one of claimTemplate, emptyDir or hostPath")
