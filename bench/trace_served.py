@@ -51,7 +51,6 @@ from pod.trace_replay import (  # noqa: E402
     served_cr,
     single_token_words,
     trace_slice,
-    use_our_ssd_engine,
     vocab_size,
 )
 from pod.trace_replay import replay as served_replay  # noqa: E402
@@ -69,7 +68,6 @@ def single_pod(root: Path, node: Node, image: Any, models: Path, requests: int) 
     trace = trace_slice(requests)
     cr = served_cr(trace)
     planned = plan_pod(cr, admin_config(node))
-    use_our_ssd_engine(planned)
     capacity, policy = capacity_of(planned, cr)
     predicted = model_for_slice(trace, capacity, policy)
     pod = start_pod(planned, node, image, root / "single", {"tiny-models": models})
@@ -137,8 +135,8 @@ def router_cr(trace: Any) -> dict[str, Any]:
     cr = served_cr(trace, name=NAME)
     cr["metadata"]["namespace"] = NS
     cr["spec"]["replicas"] = 2
-    # The operator renders mori's SSD node by default, whose segment logs cannot make a tier of
-    # a few MiB evict: the router phase keeps L3 to DRAM (pressure on device, host and DRAM).
+    # L3 is DRAM only here: routing decides what each pod's GPU, host pool and DRAM hold, and a
+    # shorter phase; the single-pod phase checks the SSD tier.
     cr["spec"]["l3"]["ssd"] = {"enabled": False}
     fast = {"intervalSeconds": 2, "timeoutSeconds": 5, "failureThreshold": 1,
             "successThreshold": 1}

@@ -13,8 +13,6 @@ CR gives (``pod_model``: page size, write-through, SGLang's prefetch threshold a
 promotion, mori's DRAM watermarks and 64 KiB allocation unit, our SSD tier's 16-way sets of
 page parts; the SSD prediction is the mean over 32 key -> set maps, since the store's SHA-256
 map is not in the trace). Each tier's served hit tokens must be within 10% of the prediction.
-The CR renders mori's SSD node by default; the test asks for our SSD tier in its ConfigMap
-(``use_our_ssd_engine``) until the planner renders ``spec.l3.ssd.engine``.
 Faked: the GPUs (the pod tier's node) and the device SGLang computes on (CPU).
 """
 
@@ -34,7 +32,6 @@ from .trace_replay import (
     replay,
     served_cr,
     trace_slice,
-    use_our_ssd_engine,
     vocab_size,
 )
 
@@ -52,7 +49,6 @@ def test_served_pod_hits_per_tier_agree_with_the_model(
     trace = trace_slice(REQUESTS)
     cr = served_cr(trace)
     planned = plan_pod(cr, admin_config(node))
-    use_our_ssd_engine(planned)
     capacity, policy = capacity_of(planned, cr)
     predicted = model_for_slice(trace, capacity, policy)
     pod = start_pod(planned, node, image, workdir, {"tiny-models": models_dir})

@@ -82,18 +82,6 @@ def served_cr(trace: Trace, *, name: str = "tiny-llama", port: int = 30000,
     return cr
 
 
-SSD_ENGINE_KEY = "HICACHE_UMBP_SSD_ENGINE"
-
-
-def use_our_ssd_engine(planned: Any) -> None:
-    """Our SSD tier (``umbp_ssd_engine=hicache``: slots, LRU in 16-way sets) rather than mori's
-    SSD node, whose 256 MiB segment logs cannot hold a tier of a few MiB to evict from, when the
-    planner does not render the engine yet (its contract default is still mori)."""
-    for data in planned.configmaps.values():
-        if "HICACHE_UMBP_SSD_ENABLED" in data:
-            data.setdefault(SSD_ENGINE_KEY, "hicache")
-
-
 def device_tokens(cr: dict[str, Any]) -> int:
     """SGLang's device pool: ``--max-total-tokens`` (below the profiled capacity), in pages."""
     args = cr["spec"]["engine"]["extraArgs"]
