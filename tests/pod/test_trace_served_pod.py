@@ -12,7 +12,10 @@ device and host pools as SGLang sizes them, L3 with the planner's sizing) and th
 CR gives (``pod_model``: page size, write-through, SGLang's prefetch threshold and gate,
 promotion, mori's DRAM watermarks and 64 KiB allocation unit, our SSD tier's 16-way sets of
 page parts; the SSD prediction is the mean over 32 key -> set maps, since the store's SHA-256
-map is not in the trace). Each tier's served hit tokens must be within 10% of the prediction.
+map is not in the trace). The device's and the host pool's served hit tokens, and L3's as a
+whole, must be within 10% of the prediction; L3's split between DRAM and SSD varies with timing
+(the write-back ring, best-effort promotion) and is reported, each tier held to a meaningful
+share.
 Faked: the GPUs (the pod tier's node) and the device SGLang computes on (CPU).
 """
 
@@ -77,5 +80,14 @@ def test_served_pod_hits_per_tier_agree_with_the_model(
         predicted.evicted_tokens
     meaningful = [t for t, n in predicted.hit_tokens.items() if n >= MEANINGFUL_SHARE * total]
     assert len(meaningful) == 4, report  # the slice and capacities make every tier count
-    for tier in meaningful:
+    for tier in ("device", "host"):
         assert ratios[f"served_vs_model_{tier}"] == pytest.approx(1.0, rel=0.10), (tier, report)
+    # L3 as a whole (SGLang's storage hits): 24,048 tokens in both runs of this replay so far.
+    l3 = predicted.hit_tokens["l3_dram"] + predicted.hit_tokens["l3_ssd"]
+    assert served.storage_tokens / l3 == pytest.approx(1.0, rel=0.10), report
+    # Its split between DRAM and SSD depends on timing the model does not replay: a page still
+    # in the write-back ring is read as a DRAM hit, and a promotion into DRAM is skipped while a
+    # put runs (12,432 / 11,616 and 13,728 / 10,320 tokens in two runs of the same replay).
+    # Both tiers serve a meaningful share, as the model says.
+    for tier in ("l3_dram", "l3_ssd"):
+        assert served.hit_tokens[tier] >= MEANINGFUL_SHARE * total, (tier, report)
