@@ -81,7 +81,10 @@ def single_pod(root: Path, node: Node, image: Any, models: Path, requests: int) 
            "predicted_evicted_tokens": predicted.evicted_tokens,
            "served_hit_tokens": served.hit_tokens, "served_storage_tokens": served.storage_tokens,
            "replay_s": _r(served.seconds, 1),
-           **{k: _r(v) for k, v in predicted.served_vs_model(served.hit_tokens).items()}}
+           **{k: _r(v) for k, v in predicted.served_vs_model(served.hit_tokens).items()},
+           # L3 as a whole: its DRAM/SSD split moves with the write-back ring's timing
+           "served_vs_model_l3": _r(served.storage_tokens / (
+               predicted.hit_tokens["l3_dram"] + predicted.hit_tokens["l3_ssd"]))}
     print("single pod: " + json.dumps(out), flush=True)
     return out
 
