@@ -75,6 +75,10 @@ def served_cr(trace: Trace, *, name: str = "tiny-llama", port: int = 30000,
                        "hostAllocator": {"hugePageSize": "none"}}
     spec["resources"]["memory"] = "16Gi"
     l3 = spec["l3"]
+    # DRAM -> SSD written inside each put (not by the write-back ring's thread): what the SSD
+    # tier holds, and what a read finds in the ring, must not depend on how fast two busy cores
+    # drain it (three runs with the ring: 24,048, 24,048 and 25,552 L3 tokens).
+    l3["tiering"] = {"writePolicy": "write_through"}
     # mori's DRAM tier takes a whole 64 KiB page per key: the tiny model's 4 KiB K and V parts
     # need 32x their bytes (trace_model.capacity.mori_dram_tokens counts the same way back).
     l3["dram"]["capacity"] = str(cap.l3_dram // PAGE * 2 * MORI_DRAM_PAGE_BYTES)
