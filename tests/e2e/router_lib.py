@@ -78,7 +78,10 @@ def router_process(cluster: Cluster, tmp_path: Path) -> Iterator[Any]:
         container = deployment["spec"]["template"]["spec"]["containers"][0]
         assert container["command"] == ["smg"]
         log = open(tmp_path / "smg.log", "ab")  # noqa: SIM115 (closed with the process)
-        proc = subprocess.Popen([str(SMG), *container["args"]], stdout=log,
+        # The kubelet expands $(VAR) from the container's env (the mesh's pod name and IP).
+        args = [a.replace("$(POD_NAME)", f"{NAME}-router-under-test")
+                .replace("$(POD_IP)", ROUTER_POD_IP) for a in container["args"]]
+        proc = subprocess.Popen([str(SMG), *args], stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)})
         procs.append(proc)

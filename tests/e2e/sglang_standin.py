@@ -5,8 +5,11 @@ bodies real SGLang 0.5.23 answered (``tests/fixtures/sglang-http``, captured by 
 ``capture.py``), on its own loopback address (127.0.0.<n>) and the CR's engine port, the way a pod
 answers on its pod IP. ``ready = False`` makes ``/ready`` and ``/health`` answer 503 as SGLang
 does while it cannot serve. ``/generate`` answers a minimal body and counts requests, so a test
-can see which pod the router chose; ``/metrics`` serves a real SGLang page when given one. The
-pod tier runs the router in front of real servers.
+can see which pod the router chose, and records each request's ``text`` (``texts``);
+``/metrics`` serves a real SGLang page when given one. ``waiting`` and ``token_usage`` are the
+load it reports on ``/v1/loads`` (SGLang's ``num_waiting_reqs`` and ``token_usage`` of its one
+dp rank), so a test can make it look busy to the router. The pod tier runs the router in front
+of real servers.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ class SGLangStandIn:
         self.ready = True
         self.generate_requests = 0
         self.paths: list[str] = []
+        self.texts: list[str] = []
+        self.waiting = 0
+        self.token_usage = 0.0
         answers = _answers()
         owner = self
 
@@ -63,15 +69,18 @@ class SGLangStandIn:
                     self._send(503, {"status": "not ready"})
                     return
                 status, body = answers.get(path, (404, {"detail": "Not Found"}))
+                if path == "/v1/loads" and status == 200:
+                    body = owner._loads(body)
                 self._send(status, body)
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
-                self.rfile.read(length)
+                raw = self.rfile.read(length)
                 path = self.path.split("?")[0]
                 owner.paths.append(path)
                 if path == "/generate":
                     owner.generate_requests += 1
+                    owner.texts.append(str(json.loads(raw or b"{}").get("text", "")))
                     self._send(200, {"text": " ok", "meta_info": {
                         "prompt_tokens": 8, "completion_tokens": 1, "cached_tokens": 0}})
                     return
@@ -82,6 +91,18 @@ class SGLangStandIn:
 
         self.server = ThreadingHTTPServer((ip, port), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def _loads(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The captured ``/v1/loads`` answer with this stand-in's queue and KV usage."""
+        loads = [{**load, "num_waiting_reqs": self.waiting, "token_usage": self.token_usage,
+                  "queues": {**load.get("queues", {}), "waiting": self.waiting},
+                  "num_used_tokens": int(self.token_usage * load.get("max_total_num_tokens", 0))}
+                 for load in body.get("loads", [])]
+        return {**body, "loads": loads}
+
+    def load_polls(self) -> int:
+        """How often the router asked for this server's load."""
+        return sum(1 for p in self.paths if p == "/v1/loads")
 
     def __enter__(self) -> SGLangStandIn:
         self.thread.start()

@@ -123,18 +123,25 @@ def test_ssd_volumes_are_kept_unless_the_cr_says_otherwise(
     cr["spec"]["replicas"] = 2
     cluster.apply(cr)
     cluster.wait_children(cr)
-    pvcs = cluster.wait(lambda: cluster.emu.list("v1", "persistentvolumeclaims", NAMESPACE),
+    cluster.wait(lambda: cluster.emu.list("v1", "persistentvolumeclaims", NAMESPACE),
                         "PVCs from volumeClaimTemplates")
     sts = cluster.child(("apps/v1", "statefulsets"), "vols")
     assert sts is not None
+    # A scale-down deletes the removed pod's claim (whenScaled: Delete, the default: a kept
+    # local-NVMe claim would pin a later scale-up to the old node); the CR's deletion keeps
+    # the others unless deleteWithResource.
     assert sts["spec"]["persistentVolumeClaimRetentionPolicy"] == {
-        "whenDeleted": "Retain", "whenScaled": "Retain"}
+        "whenDeleted": "Retain", "whenScaled": "Delete"}
+    cluster.wait(lambda: len(cluster.emu.list("v1", "persistentvolumeclaims", NAMESPACE)) == 2,
+                 "both pods' claims")
     cluster.patch_spec("vols", {"replicas": 1})
     cluster.wait(lambda: len(cluster.pods("vols")) == 1, "scale-down to one pod")
-    assert len(cluster.emu.list("v1", "persistentvolumeclaims", NAMESPACE)) == len(pvcs)
+    cluster.wait(lambda: [p["metadata"]["name"] for p in cluster.emu.list(
+        "v1", "persistentvolumeclaims", NAMESPACE)] == ["umbp-ssd-vols-0"],
+        "the removed pod's claim deleted")
     cluster.delete_cr("vols")
     cluster.wait(lambda: cluster.cr("vols") is None, "the CR to be deleted")
-    assert len(cluster.emu.list("v1", "persistentvolumeclaims", NAMESPACE)) == len(pvcs)
+    assert len(cluster.emu.list("v1", "persistentvolumeclaims", NAMESPACE)) == 1
 
 
 def test_children_no_longer_planned_are_pruned(cluster: Cluster, operator: Any) -> None:

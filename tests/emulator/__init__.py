@@ -37,12 +37,16 @@ It speaks the Kubernetes REST API over loopback HTTP well enough to run the real
 - the Pod update rule (a running pod's spec changes only in images, tolerations, deadlines) and
   a kubelet (``kubelet.Kubelet``) that restarts just the container whose image changed, and the
   engine when its configuration revision changes (what the hicache launcher's watcher does);
+- Pod Security Admission's enforce mode on pod creation (``admission``: the namespace's
+  ``pod-security.kubernetes.io/enforce`` level, 403 with the plugin's message; the StatefulSet
+  and Deployment controllers record ``FailedCreate``);
 - the router's kinds: Deployments, ServiceAccounts, Roles, RoleBindings, validated with their
   schemas and the update rules the schemas do not state (``apps_rbac``: selector matches the
   template, immutable Deployment selector and RoleBinding roleRef).
 
 Known gaps versus a real API server (do not rely on these in tests):
 - no authentication/authorization/admission webhooks, no RBAC checks; any token is accepted;
+  Pod Security Admission has no exemptions, no ``enforce-version`` and no warn/audit modes;
 - built-in kinds are not defaulted, and unknown fields are refused (strict) where a real
   server drops them with a warning; the Go validation rules are a subset (``builtins``);
 - strategic merge patch and server-side apply are plain JSON merge patches: no list merge

@@ -184,6 +184,10 @@ def pvc_update_causes(new: Mapping[str, Any], old: Mapping[str, Any],
                       storage_class: Mapping[str, Any] | None) -> tuple[int, list[Cause]]:
     """(HTTP status, causes) for a PVC update the server refuses ((0, []) when it accepts)."""
     new_spec, old_spec = dict(new.get("spec") or {}), dict(old.get("spec") or {})
+    if not old_spec.get("volumeName"):  # binding: the volume controller sets it once
+        old_spec["volumeName"] = new_spec.get("volumeName")
+        if old_spec["volumeName"] is None:
+            old_spec.pop("volumeName")
     size_new, size_old = _storage(new), _storage(old)
     for spec in (new_spec, old_spec):
         spec["resources"] = {**(spec.get("resources") or {}), "requests": {}}

@@ -20,6 +20,7 @@ import copy
 import hashlib
 import json
 
+from .admission import record_failed_create
 from .store import ApiError, Obj, Store, WatchEvent
 from .workloads import workload_key
 
@@ -86,7 +87,11 @@ class DeploymentSimulator:
             n += 1
             if pod_name in taken or ("", "pods", namespace, pod_name) in self.store.objects:
                 continue
-            current.append(self._create_pod(dep, pod_name, digest))
+            try:
+                current.append(self._create_pod(dep, pod_name, digest))
+            except ApiError as exc:  # e.g. Pod Security Admission: 403 (on its ReplicaSet)
+                record_failed_create(self.store, dep, f"Error creating: {exc.message}")
+                break
         ready = sum(1 for p in current if _ready(p))
         status = {"observedGeneration": dep["metadata"].get("generation", 1),
                   "replicas": len(current), "updatedReplicas": len(current),

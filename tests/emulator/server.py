@@ -45,6 +45,8 @@ BUILTIN_TYPES = (
     ResourceType("", "v1", "events", "Event", short_names=("ev",)),
     ResourceType("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim",
                  short_names=("pvc",), subresources=frozenset({"status"})),
+    ResourceType("", "v1", "persistentvolumes", "PersistentVolume", namespaced=False,
+                 short_names=("pv",), subresources=frozenset({"status"})),
     ResourceType("apps", "v1", "statefulsets", "StatefulSet", short_names=("sts",),
                  subresources=frozenset({"status", "scale"})),
     ResourceType("apps", "v1", "controllerrevisions", "ControllerRevision"),

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import admission
 from .apps_rbac import immutable_causes
 from .builtins import pvc_update_causes, validate_builtin
 from .patching import PatchError, apply_patch
@@ -226,6 +227,11 @@ class Store:
         if "status" in rtype.subresources and rtype.validator is not None:
             obj.pop("status", None)  # a CR's status is written through /status only
         obj = self._validated(rtype, obj, None)
+        if rtype.group == "" and rtype.plural == "pods":
+            namespace_obj = self.objects.get(("", "namespaces", None, meta["namespace"]))
+            refused = admission.denial(obj, namespace_obj)
+            if refused is not None:  # Pod Security Admission's enforce mode
+                raise ApiError(403, "Forbidden", refused)
         meta = obj["metadata"]
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=now_iso(), generation=1)
         self._commit(key, rtype, obj, "ADDED")

@@ -40,6 +40,7 @@ import hashlib
 import json
 from typing import Any
 
+from .admission import record_failed_create
 from .kubelet import Kubelet
 from .store import ApiError, Obj, Store, WatchEvent, now_iso
 
@@ -200,7 +201,12 @@ class WorkloadSimulator:
                                        {"metadata": {"ownerReferences": [_owner(sts)]}})
             if pod is None:
                 revision = current if rolling and ordinal < partition else update
-                pod = self._create_pod(sts, ordinal, revision, history[revision])
+                try:
+                    pod = self._create_pod(sts, ordinal, revision, history[revision])
+                except ApiError as exc:  # e.g. Pod Security Admission: 403
+                    record_failed_create(self.store, sts, f"create Pod {pod_name} in "
+                                         f"StatefulSet {name} failed error: {exc.message}")
+                    continue
             pods[ordinal] = pod
             self._ensure_pvcs(sts, ordinal, policy)
         for ordinal, pod in self._owned_pods(sts):
@@ -255,13 +261,22 @@ class WorkloadSimulator:
         labels = dict(meta.get("labels") or {})
         labels.update({REVISION_LABEL: revision,
                        "statefulset.kubernetes.io/pod-name": name})
+        spec = template.get("spec") or {}
+        # As the real controller (updateStorage): each claim template becomes a volume of the
+        # pod naming its claim, in place of a template volume of the same name.
+        claims = {t["metadata"]["name"]: {"name": t["metadata"]["name"], "persistentVolumeClaim": {
+            "claimName": f"{t['metadata']['name']}-{name}"}}
+            for t in sts["spec"].get("volumeClaimTemplates") or []}
+        if claims:
+            spec["volumes"] = [v for v in spec.get("volumes") or [] if v.get("name") not in
+                               claims] + list(claims.values())
         pod = {"apiVersion": "v1", "kind": "Pod",
                "metadata": {"name": name, "namespace": sts["metadata"]["namespace"],
                             "labels": labels, "annotations": meta.get("annotations") or {},
                             "ownerReferences": [_owner(sts)]},
-               "spec": template.get("spec") or {}}
+               "spec": spec}
         if self.nodes:
-            pod["spec"] = {**(template.get("spec") or {}),
+            pod["spec"] = {**spec,
                            "nodeName": self.nodes[ordinal % len(self.nodes)]}
         created = self.store.create(self.pods, None, pod)
         return self.store.replace(self.pods, created["metadata"]["namespace"], name,
@@ -314,6 +329,29 @@ class WorkloadSimulator:
         with contextlib.suppress(ApiError):  # deleted in the meantime
             self.store.replace(self.sts, namespace, sts["metadata"]["name"],
                                {**sts, "status": status}, "status")
+
+    def bind_local_volume(self, namespace: str, claim: str, node: str) -> Obj:
+        """The volume controller binding ``claim`` to a new local PersistentVolume on
+        ``node`` (``spec.nodeAffinity`` on its hostname label, as local-NVMe provisioners
+        create them); returns the PersistentVolume."""
+        pvs = self.store.find_type("", "v1", "persistentvolumes")
+        pvc = self.store.get(self.pvcs, namespace, claim)
+        size = ((pvc.get("spec") or {}).get("resources") or {}).get("requests", {})
+        pv = self.store.create(pvs, None, {
+            "metadata": {"name": f"local-pv-{pvc['metadata']['uid'][:8]}"},
+            "spec": {"capacity": {"storage": size.get("storage", "1Gi")},
+                     "accessModes": ["ReadWriteOnce"], "storageClassName":
+                     (pvc.get("spec") or {}).get("storageClassName") or "local-nvme",
+                     "local": {"path": "/mnt/nvme0"},
+                     "persistentVolumeReclaimPolicy": "Retain",
+                     "claimRef": {"namespace": namespace, "name": claim,
+                                  "uid": pvc["metadata"]["uid"]},
+                     "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                         {"key": "kubernetes.io/hostname", "operator": "In",
+                          "values": [node]}]}]}}}})
+        self.store.patch(self.pvcs, namespace, claim, "application/merge-patch+json",
+                         {"spec": {"volumeName": pv["metadata"]["name"]}})
+        return pv
 
     # ---------------------------------------------------------------- kubelet/scheduler verdicts
     def _set_pod_status(self, namespace: str, name: str, status: Obj) -> Obj:

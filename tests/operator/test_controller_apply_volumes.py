@@ -127,3 +127,20 @@ def test_claims_that_cannot_grow_refuse_the_change_and_say_why(
     assert plan.patches == {} and plan.refusal is not None
     assert why in plan.refusal and "claim a (3500Gi)" in plan.refusal
     assert "Revert the size" in plan.refusal
+
+
+def test_delete_with_resource_counts_on_any_drive() -> None:
+    """deleteWithResource on any drive's claim template (the one ``volume`` or one of the
+    ``volumes``) asks for the CR's claims to go with it; none asks nothing."""
+    from hicache_operator.controller.volumes import delete_volumes_with_cr
+
+    def cr(ssd: dict) -> dict:
+        return {"spec": {"l3": {"ssd": ssd}}}
+
+    claim = {"claimTemplate": {"size": "1Ti", "deleteWithResource": True}}
+    keep = {"claimTemplate": {"size": "1Ti"}}
+    assert delete_volumes_with_cr(cr({"volume": claim}))
+    assert delete_volumes_with_cr(cr({"volumes": [keep, claim]}))
+    assert not delete_volumes_with_cr(cr({"volumes": [keep, keep]}))
+    assert not delete_volumes_with_cr(cr({"volume": {"emptyDir": {"sizeLimit": "1Gi"}}}))
+    assert not delete_volumes_with_cr({"spec": {}})

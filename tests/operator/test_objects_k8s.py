@@ -110,8 +110,9 @@ def _cases() -> list[tuple[str, dict[str, Any]]]:
 def test_every_object_validates_for_k8s_1_33(name: str, cr: dict[str, Any]) -> None:
     p = plan(cr, POLICY)
     # ConfigMap, 2 Services, StatefulSet, and a PodDisruptionBudget from 2 replicas on, with
-    # the router's ServiceAccount, Role, RoleBinding and Deployment (on from 2 replicas)
-    assert len(p.objects) == (9 if p.spec.replicas > 1 else 4)
+    # the router's ServiceAccount, Role, RoleBinding, Deployment and (2 router pods by
+    # default) PodDisruptionBudget (on from 2 replicas)
+    assert len(p.objects) == (10 if p.spec.replicas > 1 else 4)
     for obj in p.objects:
         validate_k8s(obj)
 

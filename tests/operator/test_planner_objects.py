@@ -69,6 +69,7 @@ def test_objects_are_deterministic_labelled_and_without_owner_refs() -> None:
         "Role/llama-70b-router",
         "RoleBinding/llama-70b-router",
         "Deployment/llama-70b-router",
+        "PodDisruptionBudget/llama-70b-router",
         "StatefulSet/llama-70b",
     ]
     for o in a.objects:
@@ -114,10 +115,11 @@ def test_env_names_the_operator_sets_in_the_pod_are_owned() -> None:
 
 
 def test_ssd_volume_retention_keeps_pvcs_unless_the_cr_opts_in() -> None:
-    """PVCs survive scale-down always, and the CR's deletion unless deleteWithResource."""
+    """PVCs survive the CR's deletion unless deleteWithResource; a scale-down deletes its
+    pods' claims unless whenScaled: Retain (test_claim_rebind)."""
     cr = load_example("deepseek-r1-mi355x.yaml")
     policy = _sts_of(plan(cr, OperatorConfig()))["spec"]["persistentVolumeClaimRetentionPolicy"]
-    assert policy == {"whenDeleted": "Retain", "whenScaled": "Retain"}
+    assert policy == {"whenDeleted": "Retain", "whenScaled": "Delete"}
     cr["spec"]["l3"]["ssd"]["volume"]["claimTemplate"]["deleteWithResource"] = True
     sts = _sts_of(plan(cr, OperatorConfig()))
     assert sts["spec"]["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Delete"

@@ -64,8 +64,8 @@ def test_deepseek_tree_is_its_host_and_l3_capacity_in_characters() -> None:
     assert tokens.l3_dram == 512 * 2**30 // 70272  # mla: one writer rank backs up
     assert tokens.l3_ssd == 3 * 2**40 // 70272 == 46_939_533
     assert tokens.total == tokens.host + tokens.l3_ssd
-    tree = tokens.total * 4 * 2
-    assert int(_arg(p, "--max-tree-size")) == tree == 399_963_936
+    tree = tokens.total * 4 * 4  # 2 replicas: sized for 4 pods, the smallest tree_pods
+    assert int(_arg(p, "--max-tree-size")) == tree == 799_927_872
     assert p.router.sizing.memory_bytes == -(-(256 * MIB + 5 * tree) // MIB) * MIB
     assert p.status_plan["router"]["treeChars"] == tree
     assert p.status_plan["router"]["tokensPerPod"]["total"] == tokens.total
@@ -79,7 +79,7 @@ def test_llama_mha_counts_every_attention_tp_rank_in_l3() -> None:
     t = p.router.sizing.pod_tokens
     assert (t.host, t.l3_dram, t.l3_ssd) == (227 * 2**30 // 81920, 256 * 2**30 // (4 * 81920),
                                             800 * 2**30 // (4 * 81920))
-    assert int(_arg(p, "--max-tree-size")) == t.total * 4 * 2
+    assert int(_arg(p, "--max-tree-size")) == t.total * 4 * 4
 
 
 def test_max_pods_and_chars_per_token_scale_the_tree_and_replicas_do_not_when_set() -> None:
@@ -157,7 +157,7 @@ def test_router_pods_are_never_selected_as_engines() -> None:
     container = pod["containers"][0]
     assert container["resources"]["requests"] == container["resources"]["limits"]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
-    assert {p["name"] for p in container["ports"]} == {"http", "metrics"}
+    assert {p["name"] for p in container["ports"]} == {"http", "metrics", "mesh"}
 
 
 def test_the_role_reads_pods_of_the_namespace_and_nothing_else() -> None:
@@ -181,10 +181,10 @@ def test_the_service_moves_to_the_router_only_once_it_serves() -> None:
     assert waiting["spec"]["selector"]["app.kubernetes.io/name"] == "sglang-hicache"
     serving = _kinds(plan(cr, CONFIG))["Service/llama-70b"]
     assert serving["spec"]["selector"]["app.kubernetes.io/name"] == "sglang-hicache-router"
-    assert "sessionAffinity" not in serving["spec"]
-    two = _kinds(plan(_cr("llama-3.1-70b-mi355x.yaml", lambda s: s.update(
-        router={"replicas": 2})), CONFIG))["Service/llama-70b"]
-    assert two["spec"]["sessionAffinity"] == "ClientIP"
+    assert serving["spec"]["sessionAffinity"] == "ClientIP"  # 2 router pods by default
+    one = _kinds(plan(_cr("llama-3.1-70b-mi355x.yaml", lambda s: s.update(
+        router={"replicas": 1})), CONFIG))["Service/llama-70b"]
+    assert "sessionAffinity" not in one["spec"]
     assert serving["spec"]["ports"][0]["targetPort"] == "http"
 
 

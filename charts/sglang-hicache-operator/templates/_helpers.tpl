@@ -76,7 +76,10 @@ app.kubernetes.io/component: operator
 {{- end }}
 
 {{/* Cluster-scoped reads: kopf observes CRDs (and namespaces when restricted to some); the
-operator reads the StorageClass of an SSD claim it is asked to grow (allowVolumeExpansion). */}}
+operator reads the StorageClass of an SSD claim it is asked to grow (allowVolumeExpansion), a
+CR's namespace for its Pod Security Admission label (get), and, only for a Pending pod whose
+SSD claim is bound, that claim's PersistentVolume (get) and the nodes (list: is the volume's
+node gone or unschedulable). */}}
 {{- define "shc.clusterRules" -}}
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
@@ -84,11 +87,22 @@ operator reads the StorageClass of an SSD claim it is asked to grow (allowVolume
 - apiGroups: [storage.k8s.io]
   resources: [storageclasses]
   verbs: [get]
+- apiGroups: [""]
+  resources: [persistentvolumes]
+  verbs: [get]
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [list]
 {{- if .Values.operatorConfig.watchNamespaces }}
 - apiGroups: [""]
   resources: [namespaces]
-  verbs: [list, watch]
-{{- else if .Values.peering.enabled }}
+  verbs: [get, list, watch]
+{{- else }}
+- apiGroups: [""]
+  resources: [namespaces]
+  verbs: [get]
+{{- end }}
+{{- if and .Values.peering.enabled (not .Values.operatorConfig.watchNamespaces) }}
 - apiGroups: [kopf.dev]
   resources: [clusterkopfpeerings]
   verbs: [get, list, watch, patch]
@@ -134,7 +148,8 @@ pods/proxy); patched by in-place rollouts (updateStrategy InPlaceIfPossible: eng
 labels, annotations; engine pods are never deleted), which also set their readiness gate's
 condition (pods/status) and create and delete short-lived pull pods (the new engine image
 pulled on a pod's node ahead of its restart: no privileges, no token). SSD claims: grown when
-claimTemplate.size grows (patch), deleted with the CR on request. */}}
+claimTemplate.size grows (patch), deleted with the CR on request. A Pending pod whose SSD claim
+is bound to a lost node: claim and pod deleted (claimTemplate.rebindAfterSeconds). */}}
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, create, patch, delete]

@@ -39,7 +39,25 @@ class ClaimTemplate(ApiModel):
         description="Delete the per-pod SSD PVCs when the SGLangHiCache is deleted. By default "
         "they are kept, with their data and binding (with engine hicache a pod of the same "
         "name, model and layout serves their pages again; mori 1.2.4's SSD tier discards the "
-        "segment files it finds when it starts); they are always kept on scale-down.",
+        "segment files it finds when it starts); a scale-down follows whenScaled.",
+    )
+    when_scaled: Literal["Delete", "Retain"] = Field(
+        default="Delete",
+        description="persistentVolumeClaimRetentionPolicy.whenScaled: Delete (default) removes "
+        "the claim of a pod a scale-down removes, so a later scale-up binds a new claim where "
+        "the scheduler places the pod, not on the old pod's node (a local-NVMe claim pins the "
+        "pod to it even when its GPUs are taken). "
+        "Retain keeps it.",
+    )
+    rebind_after_seconds: int = Field(
+        default=300,
+        ge=0,
+        le=604800,
+        description="A pod Pending this long because its claim's volume is bound to a node "
+        "that is gone, cordoned or not Ready (the PersistentVolume's nodeAffinity matches no "
+        "Ready schedulable node) has its claim and itself deleted by the operator, so the "
+        "StatefulSet recreates both and the pod starts elsewhere, with a cold SSD tier (an "
+        "Event and the Degraded reason SsdVolumeLost say so). 0 never deletes.",
     )
 
 

@@ -34,7 +34,10 @@ ROUTER_OWNED_FLAGS = (
     "--health-check-timeout-secs", "--health-failure-threshold",
     "--health-success-threshold", "--disable-health-check", "--health-check-port",
     "--pd-disaggregation", "--epd-disaggregation", "--log-dir", "--enable-mesh",
-    "--router-selector",
+    "--router-selector", "--worker-overload-protection", "--disable-worker-overload-protection",
+    "--worker-overload-waiting-requests", "--worker-overload-token-usage",
+    "--worker-warmup-divert-every", "--shutdown-grace-period-secs", "--mesh-server-name",
+    "--mesh-host", "--mesh-advertise-host", "--mesh-port", "--mesh-peer-urls",
 )
 
 
@@ -48,7 +51,7 @@ class RouterTree(ApiModel):
         description="--max-tree-size in characters (the gateway counts the characters of "
         "HTTP requests; a prefix sent to two pods counts twice). Unset: sized from the pods' "
         "cache capacity when model.kvBytesPerToken is known (tokens a pod holds in its host "
-        "pool and L3 x charsPerToken x maxPods, docs/architecture.md), else the gateway's "
+        "pool and L3 x charsPerToken x maxPods, planner/router_sizing.py), else the gateway's "
         "default 67108864; always capped by the router's memory.",
     )
     chars_per_token: int = Field(
@@ -63,9 +66,11 @@ class RouterTree(ApiModel):
         default=None,
         ge=1,
         le=1024,
-        description="Engine pods the tree is sized for (default: spec.replicas). Set it to the "
-        "most replicas an autoscaler may reach: a change of the tree size changes the router's "
-        "arguments, which restarts it with an empty tree.",
+        description="Engine pods the tree is sized for. Unset: the smallest power of two at "
+        "or above spec.replicas, at least 4, so scaling within it (an autoscaler) leaves the "
+        "router's arguments and its tree alone; set it to the autoscaler's maximum so no "
+        "scale ever restarts the router (a change of the tree size changes the router's "
+        "arguments, which restarts it with an empty tree).",
     )
     eviction_interval_seconds: int = Field(
         default=30,
@@ -99,6 +104,51 @@ class RouterHealthCheck(ApiModel):
     )
 
 
+class RouterOverload(ApiModel):
+    """smg's worker overload protection: a worker whose queue or KV use is at a threshold is
+    left out of routing while another worker is below both."""
+
+    protection: bool = Field(
+        default=False,
+        description="Leave a busy worker out of routing (smg 1.13.0 turns it on by default: "
+        ">= 8 queued requests or >= 0.8 KV use). Off: the pod that holds a conversation's "
+        "prefix keeps its turns while it is busy, which is when its hits save the most "
+        "prefill; cache_aware's own spill gate (balanceAbsThreshold and balanceRelThreshold, "
+        "relative to the fleet's mean) still moves requests off a pod far above the others "
+        "(docs/performance.md, bench-router-load).",
+    )
+    waiting_requests: int = Field(
+        default=8,
+        ge=1,
+        le=100000,
+        description="--worker-overload-waiting-requests, with protection on: queued "
+        "requests at or above which a worker is skipped.",
+    )
+    token_usage: float = Field(
+        default=0.8,
+        ge=0.01,
+        le=1,
+        description="--worker-overload-token-usage, with protection on: KV-cache use at or "
+        "above which a worker is skipped (SGLang's token_usage: a full device pool is the "
+        "normal state of a busy engine whose host pool holds the rest).",
+    )
+
+
+class RouterMesh(ApiModel):
+    """smg's mesh: router pods gossip their state, the cache-aware tree included, so every
+    router routes a follow-up to the pod that holds its prefix, whichever router saw it first,
+    and a restarted router gets the tree back from its peers."""
+
+    enabled: bool | None = Field(
+        default=None,
+        description="Join the router pods in a mesh (--enable-mesh; peers found by their "
+        "labels through the router's pod watch, --router-selector). Unset: on from 2 router "
+        "pods. The mesh speaks clear text to any peer that reaches its port: restrict the "
+        "port to the router pods with a NetworkPolicy (docs/operations.md).",
+    )
+    port: int = Field(default=39527, ge=1024, le=65535, description="--mesh-port.")
+
+
 class RouterResources(ApiModel):
     """The router container's resources (requests == limits)."""
 
@@ -120,6 +170,11 @@ class Router(ApiModel):
     }, {
         "rule": "!has(self.port) || self.port != 29000 || has(self.metricsPort)",
         "message": "port 29000 is the default metricsPort: set metricsPort to another port",
+    }, {
+        "rule": "!has(self.mesh) || !has(self.mesh.port) || "
+                "((!has(self.port) || self.port != self.mesh.port) && "
+                "(!has(self.metricsPort) || self.metricsPort != self.mesh.port))",
+        "message": "mesh.port must differ from port and metricsPort",
     }]})
 
     enabled: bool | None = Field(
@@ -129,12 +184,48 @@ class Router(ApiModel):
         "<name>-headless still reaches every pod directly.",
     )
     replicas: int = Field(
-        default=1,
+        default=2,
         ge=1,
         le=16,
-        description="Router pods. Each keeps its own prefix tree, so with more than one a "
-        "client's requests should reach the same router (the Service uses ClientIP session "
-        "affinity then).",
+        description="Router pods (2: one can restart, be evicted or lose its node while "
+        "the other serves; a PodDisruptionBudget keeps one available). With more than one "
+        "they share their prefix tree through smg's mesh (router.mesh), and the Service uses "
+        "ClientIP session affinity too (a client's turns meet the router that saw them even "
+        "before the mesh has gossiped them).",
+    )
+    max_stream_seconds: int = Field(
+        default=600,
+        ge=10,
+        le=86400,
+        description="The longest request (a stream included) the router must let finish "
+        "when its pod stops: --shutdown-grace-period-secs, and the pod's "
+        "terminationGracePeriodSeconds is this plus preStopSeconds plus 5.",
+    )
+    pre_stop_seconds: int = Field(
+        default=10,
+        ge=0,
+        le=300,
+        description="A stopping router pod keeps serving this long before smg is told to "
+        "stop (a preStop sleep), so Endpoints, kube-proxy and the clients' connection pools "
+        "drop it first and no new request reaches a router that refuses it.",
+    )
+    mesh: RouterMesh = Field(
+        default_factory=RouterMesh,
+        description="The router pods' mesh (on from 2 router pods): one shared prefix tree.",
+    )
+    overload: RouterOverload = Field(
+        default_factory=RouterOverload,
+        description="Worker overload protection (off by default: it undoes cache-aware "
+        "routing exactly when a pod is busy).",
+    )
+    warmup_divert_every: int = Field(
+        default=0,
+        ge=0,
+        le=1000000,
+        description="--worker-warmup-divert-every: one cache hit in this many goes to a thin "
+        "(new or emptied) worker although another holds its prefix (smg's default 8; 0 "
+        "never diverts a hit). New pods still get their share of cache misses (smg's "
+        "warm-up slice), which costs no hit.",
     )
     image: str = Field(
         default="", max_length=512, description="Router image; empty uses the operator's default."

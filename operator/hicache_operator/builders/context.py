@@ -14,7 +14,7 @@ from ..api.config import OperatorConfig
 from ..api.k8s import IN_PLACE
 from ..api.spec import SGLangHiCacheSpec
 from ..planner.engine import EngineEnv
-from ..planner.router import ROUTER_APP_NAME, RouterPlan
+from ..planner.router import RouterPlan, router_pod_labels
 from ..planner.sizing import PodSizing
 from ..planner.ssd import SsdLayout
 
@@ -97,7 +97,7 @@ class BuildInput:
     def router_selector(self) -> dict[str, str]:
         """Router pods: a name of their own, so no engine selector (Services, PDB, the
         router's own discovery) ever matches them."""
-        return {"app.kubernetes.io/name": ROUTER_APP_NAME, "app.kubernetes.io/instance": self.name}
+        return router_pod_labels(self.name)
 
     @property
     def router_image(self) -> str:

@@ -21,7 +21,8 @@ def build_router_deployment(b: BuildInput) -> dict[str, Any]:
     r = b.spec.router
     sizing = plan.sizing
     resources = {"cpu": str(sizing.cpu), "memory": format_bytes(sizing.memory_bytes)}
-    container = {
+    mesh = "--enable-mesh" in plan.args
+    container: dict[str, Any] = {
         "name": "router",
         "image": b.router_image,
         "imagePullPolicy": b.image_pull_policy,
@@ -30,11 +31,24 @@ def build_router_deployment(b: BuildInput) -> dict[str, Any]:
         "ports": [
             {"name": "http", "containerPort": r.port, "protocol": "TCP"},
             {"name": "metrics", "containerPort": r.metrics_port, "protocol": "TCP"},
+            *([{"name": "mesh", "containerPort": r.mesh.port, "protocol": "TCP"}]
+              if mesh else []),
         ],
         # /readiness: 200 once the router has a healthy worker; /liveness: the process serves.
         "readinessProbe": _probe("/readiness", 5, 2),
+        # Deletion: keep serving while Endpoints and kube-proxy drop the pod, then SIGTERM,
+        # after which smg waits --shutdown-grace-period-secs for streams in flight. The
+        # kubelet's own sleep action: the image needs no shell.
+        **({"lifecycle": {"preStop": {"sleep": {"seconds": r.pre_stop_seconds}}}}
+           if r.pre_stop_seconds else {}),
         "livenessProbe": _probe("/liveness", 10, 3),
         "resources": {"requests": dict(resources), "limits": dict(resources)},
+        # The mesh names itself as its pod is named and advertises the pod's IP (the kubelet
+        # expands $(POD_NAME) and $(POD_IP) in the arguments from these).
+        **({"env": [
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        ]} if mesh else {}),
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
@@ -64,7 +78,7 @@ def build_router_deployment(b: BuildInput) -> dict[str, Any]:
                     # The gateway reads its token to watch pods (the Role allows nothing else).
                     "automountServiceAccountToken": True,
                     "enableServiceLinks": False,
-                    "terminationGracePeriodSeconds": 30,
+                    "terminationGracePeriodSeconds": plan.termination_grace_s,
                     "securityContext": {"runAsNonRoot": True, "runAsUser": ROUTER_UID,
                                         "seccompProfile": {"type": "RuntimeDefault"}},
                     "containers": [container],

@@ -33,7 +33,7 @@ def build_client_service(b: BuildInput) -> dict[str, Any]:
     if b.router is not None and b.router_serving:
         component = "router"
         spec["selector"] = b.router_selector()
-        if b.spec.router.replicas > 1:  # each router keeps its own prefix tree
+        if b.spec.router.replicas > 1:  # the mesh does not hand a new router the old tree
             spec["sessionAffinity"] = "ClientIP"
     return {
         "apiVersion": "v1",

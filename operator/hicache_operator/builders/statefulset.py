@@ -139,7 +139,7 @@ def _engine_container(b: BuildInput) -> dict[str, Any]:
             *DRAIN_COMMAND, "--timeout", str(DRAIN_TIMEOUT_S),
             "--endpoint-delay", str(DRAIN_ENDPOINT_DELAY_S), "--port", str(spec.engine.port),
             *(["--l3-timeout", str(DRAIN_L3_TIMEOUT_S)] if standalone else [])]}}},
-        "securityContext": engine_security_context(spec, b.config.policy),
+        "securityContext": engine_security_context(spec, b.config.policy, b.capabilities),
     }
 
 
@@ -289,15 +289,17 @@ def build_statefulset(b: BuildInput) -> dict[str, Any]:
     if claims:
         sts_spec["volumeClaimTemplates"] = [
             {**c, "metadata": {**c["metadata"], "labels": b.labels("cache")}} for c in claims]
-        # Deleting a user's volume is never implicit: PVCs (and their local-NVMe bindings)
-        # survive a scale-down always, and the CR's deletion unless it opts in with
-        # claimTemplate.deleteWithResource (on any drive: one policy covers the StatefulSet).
-        # The hicache engine serves their pages again; mori 1.2.4 does not.
-        delete = any(v.claim_template is not None and v.claim_template.delete_with_resource
-                     for v in spec.l3.ssd.drive_volumes())
+        # The CR's deletion keeps the claims unless it opts in (deleteWithResource on any drive:
+        # a user's volume is not deleted implicitly; one policy covers the StatefulSet). A
+        # scale-down deletes its pods' claims unless a drive says whenScaled: Retain: a kept
+        # local-NVMe claim binds a later scale-up to the old node even when its GPUs are taken.
+        templates = [v.claim_template for v in spec.l3.ssd.drive_volumes()
+                     if v.claim_template is not None]
+        delete = any(t.delete_with_resource for t in templates)
+        retain = any(t.when_scaled == "Retain" for t in templates)
         sts_spec["persistentVolumeClaimRetentionPolicy"] = {
             "whenDeleted": "Delete" if delete else "Retain",
-            "whenScaled": "Retain",
+            "whenScaled": "Retain" if retain else "Delete",
         }
     return {
         "apiVersion": "apps/v1",

@@ -42,9 +42,9 @@ from .reconcile import (
     SSD_CLAIM_COMPONENT,
     Reconciler,
     Result,
-    delete_volumes_with_cr,
     instance_selector,
 )
+from .volumes import delete_volumes_with_cr
 
 # kopf takes a timer's interval when the handler is registered, i.e. when this module is
 # imported: the configuration is read here once (a changed configuration restarts the operator:

@@ -51,16 +51,22 @@ PERMISSIONS: tuple[Permission, ...] = (
     # set their readiness gate's condition (pods/status) and pull a new engine image ahead on
     # each pod's node with a short-lived pull pod they create and delete (builders.prepull: no
     # privileges, no service account token). SSD PVCs are expanded when claimTemplate.size
-    # grows (patch) and deleted with the CR only when the CR asks for it.
+    # grows (patch) and deleted with the CR only when the CR asks for it. A Pending pod whose
+    # SSD claim is bound to a lost node loses both (delete; see controller/claims.py), after
+    # reading that claim's PersistentVolume (get) and the nodes (list: which are Ready and
+    # schedulable), both cluster-scoped.
     ("", "pods", ("get", "list", "watch", "create", "patch", "delete")),
     ("", "pods/status", ("patch",)),
     ("", "persistentvolumeclaims", ("get", "list", "watch", "patch", "delete")),
+    ("", "persistentvolumes", ("get",)),
+    ("", "nodes", ("list",)),
     # Whether an SSD claim's StorageClass allows volume expansion (cluster-scoped).
     ("storage.k8s.io", "storageclasses", ("get",)),
     # Events (kopf posts them to core v1).
     ("", "events", ("create",)),
     # kopf: resource scanning and namespace patterns.
     ("apiextensions.k8s.io", "customresourcedefinitions", ("get", "list", "watch")),
+    # (get: the namespace's Pod Security Admission level, which the pods are rendered for.)
     ("", "namespaces", ("get", "list", "watch")),
     # kopf peering (two replicas, one active).
     ("kopf.dev", "kopfpeerings", ("get", "list", "watch", "patch")),
@@ -81,6 +87,9 @@ PLURALS: dict[tuple[str, str], str] = {
     ("v1", "Pod"): "pods",
     ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
     ("storage.k8s.io/v1", "StorageClass"): "storageclasses",
+    ("v1", "Namespace"): "namespaces",
+    ("v1", "PersistentVolume"): "persistentvolumes",
+    ("v1", "Node"): "nodes",
 }
 CHILD_KINDS: tuple[tuple[str, str], ...] = (
     ("apps/v1", "StatefulSet"), ("v1", "Service"), ("v1", "ConfigMap"),

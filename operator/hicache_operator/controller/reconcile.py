@@ -25,8 +25,10 @@ from ..cachestats.observer import CacheObservation, CacheObserver
 from ..planner.errors import SpecError
 from . import diff, inplace, kubectl, metrics, status, volumes
 from .apply import ChildKey, ChildMemory, ChildWriter
+from .claims import check_claims
 from .kube import CHILD_KINDS, KubeClient, KubeError
 from .logs import cr_logger
+from .namespaces import pod_security_label
 from .router_status import (
     RouterReader,
     routed_pods,
@@ -43,7 +45,6 @@ COMPONENT_LABEL = "app.kubernetes.io/component"
 APP_NAME = "sglang-hicache"
 SSD_CLAIM_COMPONENT = "cache"  # the component label of the SSD volumeClaimTemplates
 # A CR that sets this (spec.l3.ssd.volume.claimTemplate.<field>) has its SSD PVCs deleted with it.
-DELETE_VOLUMES_FIELD = "deleteWithResource"
 # Reconciles in flight at once: 200 CRs created together otherwise hold 200 plans, request
 # bodies and responses in memory at the same time (peak RSS), for no throughput gain on an
 # operator that is CPU-bound in one process.
@@ -72,16 +73,7 @@ class _CrState:
     failures: int = 0  # consecutive reconciles that hit API trouble
     children: ChildMemory = field(default_factory=ChildMemory)
     planner_failure: str = ""  # the unexpected planner error last logged (logged once)
-
-
-def _claim_template(body: Mapping[str, Any]) -> Mapping[str, Any]:
-    spec = body.get("spec") or {}
-    ssd = ((spec.get("l3") or {}).get("ssd") or {})
-    return ((ssd.get("volume") or {}).get("claimTemplate") or {})
-
-
-def delete_volumes_with_cr(body: Mapping[str, Any]) -> bool:
-    return bool(_claim_template(body).get(DELETE_VOLUMES_FIELD, False))
+    freed: dict[str, str] = field(default_factory=dict)  # pod -> why its SSD claim was deleted
 
 
 def instance_selector(name: str) -> str:
@@ -95,17 +87,19 @@ def _key(obj: Mapping[str, Any]) -> ChildKey:
     return (obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
 
 
-def _default_plan(body: Mapping[str, Any], config: Any, router_serving: bool = True) -> Any:
+def _default_plan(body: Mapping[str, Any], config: Any, router_serving: bool = True,
+                  pod_security: str | None = None) -> Any:
     from ..plan import plan  # imported lazily: the planner is heavier than the handlers
 
-    return plan(body, config, router_serving=router_serving)
+    return plan(body, config, router_serving=router_serving, pod_security=pod_security)
 
 
 class Reconciler:
     """Holds the per-CR memory of what was last applied (for cheap drift checks)."""
 
     def __init__(self, kube: KubeClient, config: Any,
-                 plan_fn: Callable[[Mapping[str, Any], Any, bool], Any] = _default_plan,
+                 plan_fn: Callable[[Mapping[str, Any], Any, bool, str | None], Any]
+                 = _default_plan,
                  serving_checks: Sequence[inplace.ServingCheck] = ()) -> None:
         self.kube, self.config, self.plan_fn = kube, config, plan_fn
         # Beyond a pod's Ready condition, what "serving" means to an in-place rollout (e.g. a
@@ -229,17 +223,18 @@ class Reconciler:
             self._update_gauges()
             return result
 
-    def _plan(self, body: Mapping[str, Any], state: _CrState,
-              router_serving: bool = True) -> tuple[Any, status.Outcome]:
+    def _plan(self, body: Mapping[str, Any], state: _CrState, router_serving: bool = True,
+              pod_security: str | None = None) -> tuple[Any, status.Outcome]:
         """The plan, or the outcome saying why there is none. Never raises for a bad spec: an
         unexpected planner error is a spec problem too (logged with its traceback once)."""
         spec = body.get("spec") or {}
         replicas = int(spec.get("replicas", 1)) if isinstance(spec.get("replicas", 1), int) else 0
         cfg = self.config.cache_metrics
         try:
-            planned = self.plan_fn(body, self.config, router_serving)
+            planned = self.plan_fn(body, self.config, router_serving, pod_security)
         except SpecError as exc:
-            return None, status.Outcome(replicas=replicas, problems=list(exc.problems))
+            return None, status.Outcome(replicas=replicas, problems=list(exc.problems),
+                                        spec_reason=exc.reason)
         except Exception as exc:
             text = f"{type(exc).__name__}: {exc}"
             if state.planner_failure != text:
@@ -299,7 +294,8 @@ class Reconciler:
                 obj.setdefault("apiVersion", api_version)
                 obj.setdefault("kind", kind)
                 live[_key(obj)] = obj
-        planned, outcome = self._plan(body, state, router_serving(live, name))
+        planned, outcome = self._plan(body, state, router_serving(live, name),
+                                      await pod_security_label(self.kube, namespace))
 
         pvcs = await self.kube.list("v1", "PersistentVolumeClaim", namespace, selector)
         applied: list[str] = []
@@ -309,6 +305,9 @@ class Reconciler:
             if outcome.problems:
                 planned = None
         pods = await self.kube.list("v1", "Pod", namespace, selector)
+        claims = await check_claims(self.kube, namespace, planned, pods, pvcs, state.freed)
+        writes += claims.writes
+        events.extend(claims.events)
 
         rejections: list[str] = []
         decision = None
@@ -363,7 +362,8 @@ class Reconciler:
         router_status, router_issues = await self._observe_router(
             planned, trigger, (namespace, name), live, pods)
         observed = status.Observed(statefulset=sts, pods=pods, pvcs=pvcs, cache=cache,
-                                   router=router_status, router_issues=tuple(router_issues))
+                                   router=router_status, router_issues=tuple(router_issues),
+                                   volume_issues=tuple(claims.issues))
         new_status = status.compute_status(generation=int(meta.get("generation") or 1),
                                            outcome=outcome, observed=observed, previous=previous)
         state.phase = str(new_status.get("phase", ""))

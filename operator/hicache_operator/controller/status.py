@@ -8,7 +8,8 @@ an identical status and the operator writes nothing.
 Conditions (``docs/operations.md`` explains each reason and what to do):
 
 - ``SpecValid``: ``True``/``Planned``, or ``False`` listing every problem: ``InvalidSpec``,
-  ``PlanningFailed`` (the planner itself failed on this spec), ``VolumeExpansionRefused``.
+  ``PlanningFailed`` (the planner itself failed on this spec), ``VolumeExpansionRefused``,
+  ``PodSecurityRejects`` (the namespace's Pod Security level refuses the pods).
 - ``Ready``: ``True``/``AllReplicasReady`` when every pod is ready on the revision the update
   strategy asks for.
 - ``Progressing``: ``True`` while pods are created or rolled (``Creating``, ``RollingOut``,
@@ -18,10 +19,10 @@ Conditions (``docs/operations.md`` explains each reason and what to do):
 - ``Degraded``: ``True`` with the most important failure: ``ObjectRejected`` (the API server
   refused a child), ``InPlaceUpdateFailed`` (a pod's engine did not come back from an in-place
   update; the rollout stops), ``TopologyAffinityError``, ``HugepagesUnavailable``,
-  ``GpusUnavailable``,
-  ``SsdVolumePending``, ``Unschedulable``, ``ImagePullError``, ``CrashLoopBackOff``,
-  ``PodFailed``, ``RouterUnavailable``, ``RouterMissingPods`` (``router_status``); else
-  ``False``/``NoFailures``.
+  ``GpusUnavailable``, ``SsdVolumeLost`` (an SSD claim bound to a lost node: deleted after
+  ``rebindAfterSeconds``), ``SsdVolumePending``, ``Unschedulable``, ``ImagePullError``,
+  ``CrashLoopBackOff``, ``PodFailed``, ``RouterUnavailable``, ``RouterMissingPods``
+  (``router_status``); else ``False``/``NoFailures``.
 
 ``replicas`` counts the pods that exist (the scale subresource reads it); ``cache`` is
 ``cachestats.status_block.cache_block``; ``rollout`` is ``rollout.Decision.status``.
@@ -43,10 +44,10 @@ CONDITION_TYPES = ("SpecValid", "Ready", "Progressing", "Degraded")
 
 # Most severe first: the first one found becomes the Degraded reason.
 DEGRADED_REASONS = ("ObjectRejected", "InPlaceUpdateFailed", "TopologyAffinityError",
-                    "HugepagesUnavailable", "GpusUnavailable", "SsdVolumePending",
-                    "Unschedulable", "ImagePullError", "CrashLoopBackOff", "PodFailed",
-                    *ROUTER_REASONS)
-SPEC_REASONS = ("InvalidSpec", "PlanningFailed", "VolumeExpansionRefused")
+                    "HugepagesUnavailable", "GpusUnavailable", "SsdVolumeLost",
+                    "SsdVolumePending", "Unschedulable", "ImagePullError", "CrashLoopBackOff",
+                    "PodFailed", *ROUTER_REASONS)
+SPEC_REASONS = ("InvalidSpec", "PlanningFailed", "VolumeExpansionRefused", "PodSecurityRejects")
 # Every reason this module writes, per condition (docs/operations.md explains each).
 REASONS: dict[str, tuple[str, ...]] = {
     "SpecValid": ("Planned", *SPEC_REASONS),
@@ -68,6 +69,7 @@ class Observed:
     cache: CacheObservation | None = None
     router: Mapping[str, Any] | None = None  # status.router (router_status.router_block)
     router_issues: Sequence[tuple[str, str]] = ()  # its Degraded (reason, message)
+    volume_issues: Sequence[tuple[str, str]] = ()  # SSD claims on lost nodes (claims.py)
 
 
 @dataclass(frozen=True)
@@ -232,6 +234,7 @@ def compute_status(*, generation: int, outcome: Outcome, observed: Observed,
         issues.append(PodIssue("InPlaceUpdateFailed", pod,
                                f"{why}; the in-place rollout is stopped (fix the image or the "
                                "configuration, or revert the change)"))
+    issues += [PodIssue(reason, "", message) for reason, message in observed.volume_issues]
     issues += pod_issues(observed)
     issues += [PodIssue(reason, "", message) for reason, message in observed.router_issues]
     degraded = issues[0] if issues else None

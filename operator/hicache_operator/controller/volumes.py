@@ -26,6 +26,19 @@ SIZE_FIELD = "spec.l3.ssd.volume.claimTemplate.size"
 SIZES_FIELD = "spec.l3.ssd.volumes"
 
 
+DELETE_VOLUMES_FIELD = "deleteWithResource"
+
+
+def delete_volumes_with_cr(body: Mapping[str, Any]) -> bool:
+    """The CR asks for its SSD claims to go with it: ``deleteWithResource`` on the claim
+    template of the one ``volume`` or of any drive in ``volumes`` (one policy covers the
+    StatefulSet's claims, as the builder renders it)."""
+    ssd = ((body.get("spec") or {}).get("l3") or {}).get("ssd") or {}
+    drives = [ssd.get("volume") or {}, *(ssd.get("volumes") or [])]
+    return any(bool(((d or {}).get("claimTemplate") or {}).get(DELETE_VOLUMES_FIELD, False))
+               for d in drives)
+
+
 def claim_request(pvc: Mapping[str, Any]) -> int | None:
     """Requested storage of a claim in bytes (None when absent or unparsable)."""
     value = (((pvc.get("spec") or {}).get("resources") or {}).get("requests") or {}).get(

@@ -35,6 +35,7 @@ from ..builders import (
     build_headless_service,
     build_pdb,
     build_router_deployment,
+    build_router_pdb,
     build_router_role,
     build_router_rolebinding,
     build_router_serviceaccount,
@@ -63,8 +64,9 @@ from ..planner.placement import (
     pod_tolerations,
     tolerates_unhealthy,
 )
+from ..planner.pod_security import Level, check_pod_security, resolve_level
 from ..planner.rollout import rollout_warnings
-from ..planner.router import RouterPlan, plan_router, router_warnings
+from ..planner.router import RouterPlan, plan_router, router_pod_labels, router_warnings
 from ..planner.security import check_security, granted_capabilities, security_warnings
 from ..planner.sizing import PodSizing, size_pod
 from ..planner.ssd import SsdLayout, plan_ssd
@@ -122,14 +124,19 @@ class Plan:
 
 def plan(
     cr: Mapping[str, Any], config: OperatorConfig, node_facts: NodeFacts | None = None,
-    *, router_serving: bool = True,
+    *, router_serving: bool = True, pod_security: str | None = None,
 ) -> Plan:
     """Plan every object of one SGLangHiCache; raises :class:`SpecError` on invalid input.
 
     ``router_serving``: whether the client Service may send requests to the router already;
     the controller passes False until the router's Deployment has an available pod (or the
     Service already points at it), so turning the router on never leaves the Service without
-    endpoints. The default plans the steady state."""
+    endpoints. The default plans the steady state.
+
+    ``pod_security``: the value of the CR namespace's ``pod-security.kubernetes.io/enforce``
+    label (``None``: no label, or not read: privileged). The pods are rendered with what that
+    level admits; what they still need beyond it raises a :class:`SpecError` with reason
+    ``PodSecurityRejects`` naming the level the namespace must allow and why."""
     problems = Problems()
     parsed = parse_cr(cr, problems)
     if parsed is None:
@@ -161,7 +168,8 @@ def plan(
         spec, ranks, ssd.capacity if ssd.enabled else 0, config, problems, page=page
     )
     check_page_size(spec, parsed.namespace, parsed.name, sizing, ssd, problems)
-    router = plan_router(spec, parsed.namespace, _engine_selector(parsed.name), sizing, problems)
+    router = plan_router(spec, parsed.namespace, _engine_selector(parsed.name), sizing, problems,
+                         router_pod_labels(parsed.name))
     engine = (
         plan_engine_env(
             spec, parsed.namespace, parsed.name, sizing, ssd, problems,
@@ -182,7 +190,9 @@ def plan(
     )
     model = GPU_MODELS[spec.placement.gpu_model]
     tolerations = pod_tolerations(spec.placement, config)
-    warnings = _warnings(spec, config, ssd, sizing, topology, tolerations)
+    level, level_warning = resolve_level(pod_security)
+    warnings = _warnings(spec, config, ssd, sizing, topology, tolerations, level)
+    warnings.extend(level_warning)
     warnings.extend(router_warnings(spec, router))
     build = BuildInput(
         name=parsed.name,
@@ -194,7 +204,7 @@ def plan(
         engine=engine,
         affinity=pod_affinity(spec.placement, model),
         tolerations=tolerations,
-        capabilities=granted_capabilities(spec, policy),
+        capabilities=granted_capabilities(spec, policy, level),
         router=router,
         router_serving=router_serving,
     )
@@ -208,10 +218,13 @@ def plan(
         *([build_router_serviceaccount(build), build_router_role(build),
            build_router_rolebinding(build), build_router_deployment(build)]
           if router is not None else []),
+        *([build_router_pdb(build)] if router is not None and spec.router.replicas > 1 else []),
         build_statefulset(build),
     ]
     check_objects(objects, problems)
     problems.raise_if_any()
+    check_pod_security(objects, parsed.namespace, level, problems)
+    problems.raise_if_any("PodSecurityRejects")
     status_plan = _status_plan(sizing, topology, warnings, router)
     return Plan(
         name=parsed.name,
@@ -242,6 +255,7 @@ def _warnings(
     sizing: PodSizing,
     topology: Topology,
     tolerations: list[dict[str, Any]],
+    level: Level = "privileged",
 ) -> list[str]:
     out: list[str] = []
     facts = config.node_facts
@@ -314,7 +328,7 @@ def _warnings(
             f"directory must be writable by uid {identity.run_as_user} on every node "
             f"(docs/install.md, engine pod identity)"
         )
-    out.extend(security_warnings(spec, config.policy, config.engine_pod_security))
+    out.extend(security_warnings(spec, config.policy, config.engine_pod_security, level))
     return out
 
 

@@ -8,10 +8,12 @@ Problem = tuple[str, str]
 
 
 class SpecError(ValueError):
-    """An invalid ``SGLangHiCache``: ``problems`` lists ``(field_path, message)`` pairs."""
+    """An invalid ``SGLangHiCache``: ``problems`` lists ``(field_path, message)`` pairs;
+    ``reason`` is the ``SpecValid=False`` condition's reason."""
 
-    def __init__(self, problems: Iterable[Problem]) -> None:
+    def __init__(self, problems: Iterable[Problem], reason: str = "InvalidSpec") -> None:
         self.problems: list[Problem] = list(problems)
+        self.reason = reason
         lines = "\n".join(f"  - {path}: {message}" for path, message in self.problems)
         super().__init__(f"invalid SGLangHiCache ({len(self.problems)} problem(s)):\n{lines}")
 
@@ -36,9 +38,9 @@ class Problems:
     def __bool__(self) -> bool:
         return bool(self.items)
 
-    def raise_if_any(self) -> None:
+    def raise_if_any(self, reason: str = "InvalidSpec") -> None:
         if self.items:
-            raise SpecError(self.items)
+            raise SpecError(self.items, reason)
 
 
 def _overlaps(path: str, masked: str) -> bool:

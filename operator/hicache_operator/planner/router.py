@@ -20,11 +20,16 @@ from ..api.router import ROUTER_OWNED_FLAGS
 from ..api.spec import SGLangHiCacheSpec
 from .engine import attention_tp_size
 from .errors import Problems
-from .router_sizing import RouterSizing, size_router
+from .router_sizing import RouterSizing, shutdown_timing, size_router
 from .sizing import PodSizing
 
 #: Label of the engine pods' selector that router pods must not carry (builders.context).
 ROUTER_APP_NAME = "sglang-hicache-router"
+
+
+def router_pod_labels(name: str) -> dict[str, str]:
+    """The router pods' selector (``BuildInput.router_selector``), which the mesh discovers."""
+    return {"app.kubernetes.io/name": ROUTER_APP_NAME, "app.kubernetes.io/instance": name}
 
 
 def router_enabled(spec: SGLangHiCacheSpec) -> bool:
@@ -37,6 +42,7 @@ class RouterPlan:
     sizing: RouterSizing
     args: tuple[str, ...]
     selector: dict[str, str]  # the engine pods it discovers
+    termination_grace_s: int = 30  # the router pod's terminationGracePeriodSeconds
 
 
 def _owned(arg: str) -> str:
@@ -46,7 +52,7 @@ def _owned(arg: str) -> str:
 
 def plan_router(
     spec: SGLangHiCacheSpec, namespace: str, engine_selector: dict[str, str], pod: PodSizing,
-    problems: Problems,
+    problems: Problems, router_selector: dict[str, str] | None = None,
 ) -> RouterPlan | None:
     """The router's sizing and command line; ``None`` when it is off."""
     r = spec.router
@@ -63,6 +69,7 @@ def plan_router(
         max_size=r.tree.max_size, memory=r.resources.memory, cpu=r.resources.cpu,
         problems=problems)
     hc = r.health_check
+    shutdown_s, grace_s = shutdown_timing(r.max_stream_seconds, r.pre_stop_seconds)
     args = [
         "launch",
         "--host", "0.0.0.0",
@@ -84,9 +91,52 @@ def plan_router(
         "--health-check-timeout-secs", str(hc.timeout_seconds),
         "--health-failure-threshold", str(hc.failure_threshold),
         "--health-success-threshold", str(hc.success_threshold),
+        *_load_guards(spec),
+        *_mesh(spec, router_selector),
+        "--shutdown-grace-period-secs", str(shutdown_s),
         *r.extra_args,
     ]
-    return RouterPlan(sizing=sizing, args=tuple(args), selector=dict(engine_selector))
+    return RouterPlan(sizing=sizing, args=tuple(args), selector=dict(engine_selector),
+                      termination_grace_s=grace_s)
+
+
+def mesh_enabled(spec: SGLangHiCacheSpec) -> bool:
+    enabled = spec.router.mesh.enabled
+    return spec.router.replicas > 1 if enabled is None else enabled
+
+
+def _mesh(spec: SGLangHiCacheSpec, router_selector: dict[str, str] | None) -> list[str]:
+    """smg's mesh between the router pods (measured, tests/e2e/test_router_mesh.py: follow-ups
+    sent to a second router reach the first one's choice 16/16 with it, at chance without; a
+    replaced router gets only what is routed after it joined). Each pod finds its peers with
+    its pod watch (``--router-selector``: the router pods' labels; the Role already allows
+    it) and must name itself as its pod is named, or it counts itself as a peer and shares
+    nothing. ``$(POD_NAME)``/``$(POD_IP)`` are the kubelet's
+    expansion of the container's env (``builders.deployment``)."""
+    if not mesh_enabled(spec) or not router_selector:
+        return []
+    return ["--enable-mesh", "--mesh-server-name", "$(POD_NAME)", "--mesh-host", "0.0.0.0",
+            "--mesh-advertise-host", "$(POD_IP)", "--mesh-port", str(spec.router.mesh.port),
+            "--router-selector", *(f"{k}={v}" for k, v in sorted(router_selector.items()))]
+
+
+def _load_guards(spec: SGLangHiCacheSpec) -> list[str]:
+    """smg 1.13.0's two load rules that override cache affinity, pinned either way.
+
+    Worker overload protection (smg: on, 8 queued requests or 0.8 KV use) skips the pod that
+    holds a prefix as soon as it is busy; off by default here, because a long-context workload
+    keeps the holder busy exactly when its hits matter, and ``--balance-*-threshold`` (the
+    spill gate, relative to the fleet's mean) still moves load off an outlier. The warm-up
+    diversion (smg: one hit in 8 to a thin worker) is pinned to 0: a new pod gets cache
+    misses through the warm-up slice, which costs no hit. ``make bench-router-load`` measures
+    both against smg's defaults.
+    """
+    r = spec.router
+    guards = ["--worker-warmup-divert-every", str(r.warmup_divert_every)]
+    if not r.overload.protection:
+        return ["--disable-worker-overload-protection", *guards]
+    return ["--worker-overload-waiting-requests", str(r.overload.waiting_requests),
+            "--worker-overload-token-usage", f"{r.overload.token_usage:g}", *guards]
 
 
 def router_warnings(spec: SGLangHiCacheSpec, plan: RouterPlan | None) -> list[str]:
@@ -106,10 +156,13 @@ def router_warnings(spec: SGLangHiCacheSpec, plan: RouterPlan | None) -> list[st
             f"router: the prefix tree is cut to {s.tree_chars} characters to fit "
             f"router.resources.memory {spec.router.resources.memory}; prefixes beyond it are "
             "forgotten before the pods evict them")
-    if spec.router.replicas > 1 and spec.router.policy == "cache_aware":
+    if spec.router.replicas == 1:
+        out.append("router: one router pod: every request stops while it restarts or moves "
+                   "(no PodDisruptionBudget protects it); use router.replicas >= 2")
+    if s.pods < spec.replicas:
         out.append(
-            f"router: {spec.router.replicas} router pods each keep their own prefix tree; the "
-            "router Service uses ClientIP session affinity so one client stays on one router")
+            f"router: the prefix tree is sized for router.tree.maxPods {s.pods} engine pods, "
+            f"below replicas {spec.replicas}: the pods' caches hold more prefixes than it keeps")
     if spec.replicas == 1 and spec.router.enabled:
         out.append("router: one engine pod; the router has nothing to choose between until "
                    "replicas > 1 (kept on as asked)")

@@ -25,6 +25,41 @@ ROUTER_BYTES_PER_CHAR = 4
 ROUTER_MEMORY_HEADROOM = (5, 4)  # x 1.25: growth between two evictions
 ROUTER_CPU = 2
 MIB = 1024**2
+#: Engine pods the tree is sized for at least when router.tree.maxPods is unset.
+ROUTER_MIN_TREE_PODS = 4
+#: The router stops after the longest stream it lets finish plus this (process exit).
+ROUTER_EXIT_MARGIN_S = 5
+
+
+def tree_pods(replicas: int, max_pods: int | None) -> int:
+    """Engine pods the tree is sized for: ``maxPods`` when set, else the smallest power of two
+    ``>= max(replicas, 4)``.
+
+    The tree size is an argument of the router, so a value that followed ``replicas`` restarted
+    every router pod (and emptied its tree) at each scale of the engines, an autoscaler's
+    included. Rounded up to a power of two it changes only when ``replicas`` crosses one
+    (4 -> 5, 8 -> 9, ...), at most doubling the tree's memory; ``maxPods`` (an autoscaler's
+    ``maxReplicas``) fixes it for good.
+    """
+    if max_pods is not None:
+        return max_pods
+    pods = ROUTER_MIN_TREE_PODS
+    while pods < replicas:
+        pods *= 2
+    return pods
+
+
+def shutdown_timing(max_stream_s: int, pre_stop_s: int) -> tuple[int, int]:
+    """(``--shutdown-grace-period-secs``, ``terminationGracePeriodSeconds``) of a router pod.
+
+    On deletion the kubelet runs the preStop sleep (``S = preStopSeconds``: Endpoints and
+    kube-proxy drop the pod meanwhile, while it still serves), then sends SIGTERM; smg stops
+    accepting and waits up to its grace ``G = maxStreamSeconds`` for requests in flight. The
+    pod's grace covers both plus the process exit: ``T = S + G + 5``; past ``T`` the kubelet
+    kills it, so a stream shorter than ``G`` that started before the endpoints dropped the pod
+    finishes.
+    """
+    return max_stream_s, pre_stop_s + max_stream_s + ROUTER_EXIT_MARGIN_S
 
 
 @dataclass(frozen=True)
@@ -96,8 +131,10 @@ def size_router(
     * per pod ``T_pod = T_h + T_L3``. The GPU's KV cache is not added: SGLang keeps the host
       pool at least as large as the device pool and writes every page that leaves the GPU to
       it, so device-only pages are within ``T_h``;
-    * tree ``= T_pod * charsPerToken * P`` characters, ``P = maxPods`` (default replicas, at
-      least 1); without ``kvBytesPerToken`` the gateway's default, 67,108,864;
+    * tree ``= T_pod * charsPerToken * P`` characters, ``P = maxPods``, unset the smallest
+      power of two ``>= max(replicas, 4)`` (:func:`tree_pods`: scaling the engines within it
+      leaves the router's arguments, and so its pods and trees, alone); without
+      ``kvBytesPerToken`` the gateway's default, 67,108,864;
     * memory (auto) ``= roundup_MiB(256 MiB + 1.25 * 4 B * tree)`` (1.25: growth between
       evictions); an explicit memory ``M`` caps the tree at ``floor((M - 256 MiB) / 5 B)``;
       CPUs (auto) 2.
@@ -107,7 +144,7 @@ def size_router(
     ``T_pod`` = 50.0 M tokens, 200 M characters per pod.
     """
     lines: list[str] = []
-    pods = max(max_pods if max_pods is not None else replicas, 1)
+    pods = tree_pods(replicas, max_pods)
     tokens = pod_tokens(s, attention_tp, mla)
     if max_size is not None:
         tree = max_size

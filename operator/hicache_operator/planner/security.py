@@ -25,6 +25,7 @@ from typing import Any
 from ..api.config import AdminPolicy, EnginePodSecurity
 from ..api.spec import MODEL_VOLUME_KINDS, SGLangHiCacheSpec
 from .errors import Problems
+from .pod_security import Level, admitted_capabilities
 from .ssd import host_path_allowed
 
 DEFAULT_CAPABILITY = "IPC_LOCK"
@@ -37,11 +38,20 @@ def normalise_capability(name: str) -> str:
     return name[4:] if name.startswith("CAP_") else name
 
 
-def granted_capabilities(spec: SGLangHiCacheSpec, policy: AdminPolicy) -> list[str]:
+def granted_capabilities(spec: SGLangHiCacheSpec, policy: AdminPolicy,
+                         level: Level = "privileged") -> list[str]:
+    """What the engine adds: IPC_LOCK and (numa: auto) SYS_NICE where the admin policy allows
+    them, and the CR's own list. The two the operator adds for itself are left out where the
+    namespace's Pod Security level refuses them (``pod_security``): IPC_LOCK does nothing for
+    the non-root engine, and without SYS_NICE NUMA binding is reported degraded (warned);
+    capabilities the CR asks for are kept, and a level that refuses them is reported."""
     allowed = {normalise_capability(c) for c in policy.allowed_capabilities}
+    admitted = admitted_capabilities(level)
     caps = [DEFAULT_CAPABILITY] if DEFAULT_CAPABILITY in allowed else []
     if spec.hi_cache.host_allocator.numa == "auto" and NUMA_CAPABILITY in allowed:
         caps.append(NUMA_CAPABILITY)
+    if admitted is not None:
+        caps = [c for c in caps if c in admitted]
     for c in spec.security.capabilities:
         n = normalise_capability(c)
         if n in allowed and n not in caps:
@@ -124,8 +134,9 @@ def pod_security_context(identity: EnginePodSecurity) -> dict[str, Any]:
     return ctx
 
 
-def engine_security_context(spec: SGLangHiCacheSpec, policy: AdminPolicy) -> dict[str, Any]:
-    caps = granted_capabilities(spec, policy)
+def engine_security_context(spec: SGLangHiCacheSpec, policy: AdminPolicy,
+                            caps: list[str]) -> dict[str, Any]:
+    """``caps``: :func:`granted_capabilities` for the namespace's level."""
     ctx: dict[str, Any] = {
         "capabilities": {"drop": ["ALL"], **({"add": caps} if caps else {})},
         "seccompProfile": {"type": "RuntimeDefault"},
@@ -147,16 +158,34 @@ def sidecar_security_context(capabilities: list[str]) -> dict[str, Any]:
 
 
 def security_warnings(spec: SGLangHiCacheSpec, policy: AdminPolicy,
-                      identity: EnginePodSecurity | None = None) -> list[str]:
+                      identity: EnginePodSecurity | None = None,
+                      level: Level = "privileged") -> list[str]:
     out: list[str] = []
-    caps = granted_capabilities(spec, policy)
+    caps = granted_capabilities(spec, policy, level)
+    by_policy = granted_capabilities(spec, policy)
+    dropped = [c for c in by_policy if c not in caps]
+    if dropped:
+        out.append(
+            f"Pod Security: the namespace enforces level {level} "
+            f"(pod-security.kubernetes.io/enforce), which refuses the capabilities "
+            f"{', '.join(dropped)}: not added (IPC_LOCK does nothing for a non-root engine; "
+            f"without SYS_NICE the NUMA binding below is degraded)")
     root_engine = identity is not None and identity.run_as_user == 0
     if DEFAULT_CAPABILITY not in caps and root_engine:
         out.append(
             "IPC_LOCK is not granted (admin policy): the root engine cannot mlock beyond "
             "RLIMIT_MEMLOCK"
         )
-    if spec.hi_cache.host_allocator.numa == "auto" and NUMA_CAPABILITY not in caps:
+    if spec.hi_cache.host_allocator.numa == "auto" and NUMA_CAPABILITY not in caps \
+            and NUMA_CAPABILITY in by_policy:
+        out.append(
+            "NUMA placement degraded: numa: auto binds each rank's host pool to its GPU's "
+            "NUMA node with mbind/set_mempolicy, which the RuntimeDefault seccomp profile "
+            "allows only to containers configured with CAP_SYS_NICE, and the namespace's Pod "
+            f"Security level {level} refuses SYS_NICE: the launcher will report "
+            "numa_placement degraded and leave the pools unbound (label the namespace "
+            "pod-security.kubernetes.io/enforce=privileged, or set hostAllocator.numa: none)")
+    elif spec.hi_cache.host_allocator.numa == "auto" and NUMA_CAPABILITY not in caps:
         out.append(
             "NUMA placement degraded: numa: auto binds each rank's host pool to its GPU's "
             "NUMA node with mbind/set_mempolicy, which the RuntimeDefault seccomp profile "

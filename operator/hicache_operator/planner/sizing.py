@@ -65,7 +65,6 @@ from hicache_umbp.contract.staging import (
 from hicache_umbp.contract.units import (
     GIB,
     PAGE_4K,
-    fmt_bytes,
     k8s_hugepage_resource,
     round_up,
 )
@@ -75,6 +74,7 @@ from ..api.quantity import format_bytes, parse_bytes
 from ..api.spec import SGLangHiCacheSpec
 from .errors import Problems
 from .l3_staging import disk_tier_memory, ssd_sidecar, staging_assumed, staging_of_page
+from .node_fit import check_node_fit
 from .page_geometry import PageGeometry
 from .pod_overhead import MIB, mapped_page_tables, sidecar_dram_memory
 
@@ -261,7 +261,7 @@ def size_pod(
         ssd_sidecar_staging=sidecar_staging,
         ssd_disk_memory=disk_memory,
     )
-    _check_fit(sizing, config, problems)
+    check_node_fit(sizing, config, problems)
     return sizing
 
 
@@ -418,37 +418,3 @@ def _engine_memory(
         f"{format_bytes(mem)}"
     )
     return mem
-
-
-def _check_fit(s: PodSizing, config: OperatorConfig, problems: Problems) -> None:
-    facts, policy = config.node_facts, config.policy
-    hp_total = sum(s.hugepages_total.values())
-    node_mem = facts.memory_bytes
-    if hp_total + s.memory_total > node_mem:
-        # Point at the biggest contributor: the host pool, the UMBP DRAM or explicit memory.
-        host = s.host_pool_per_rank * s.ranks
-        path = "spec.hiCache.hostPoolPerRank" if host >= s.dram_total else "spec.l3.dram.capacity"
-        problems.add(
-            path,
-            f"the pod needs hugepages {hp_total} B ({fmt_bytes(hp_total)}) + memory "
-            f"{s.memory_total} B ({fmt_bytes(s.memory_total)}) = "
-            f"{hp_total + s.memory_total} B, more than the node's {node_mem} B "
-            f"({fmt_bytes(node_mem)}, {facts.gpu_model} node facts)",
-        )
-    max_hp = policy.max_hugepages_bytes
-    if hp_total > max_hp:
-        problems.add(
-            "spec.hiCache.hostPoolPerRank",
-            f"hugepages per pod {hp_total} B ({fmt_bytes(hp_total)}) exceed the admin policy "
-            f"maxHugepagesPerPod {policy.max_hugepages_per_pod} ({max_hp} B)",
-        )
-    if s.cpu_total > facts.cpus:
-        problems.add(
-            "spec.resources.cpu",
-            f"the pod needs {s.cpu_total} CPUs (all containers), the node has {facts.cpus}",
-        )
-    if s.ranks > facts.gpus_per_node:
-        problems.add(
-            "spec.engine",
-            f"{s.ranks} GPUs per pod > {facts.gpus_per_node} GPUs on a {facts.gpu_model} node",
-        )
