@@ -83,9 +83,10 @@ bench-host-pool: engine-env
 bench-plan: venv
 	$(PY) bench/plan.py
 
-# The trace model on Mooncake's conversation trace (model-only phases; docs/capacity-planning.md).
-bench-trace: venv
-	$(PY) bench/trace.py
+# The trace model on Mooncake's conversation trace, and a slice of it through served CPU pods
+# (one pod, then two behind the router; needs root like the pod tier). docs/capacity-planning.md.
+bench-trace: venv engine-env pod-node-tools router-env
+	$(PY) bench/trace.py --served
 
 bench-sglang: engine-env
 	$(ENGINE_PY) bench/sglang_backend.py

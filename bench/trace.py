@@ -1,28 +1,35 @@
-"""The trace model's benchmark (issue 26), model-only phases. Last line: one JSON object.
+"""The trace model's benchmark (issue 26), and its served phases. Last line: one JSON object.
 
 1. **DeepSeek-R1 projection**: ``examples/deepseek-r1-mi355x.yaml`` planned, its tiers replayed
-   on Mooncake's full conversation trace: hit ratio with the host pool only (device + host),
-   + UMBP DRAM, + UMBP SSD, and the tokens/s (and GB/s) each tier must deliver at the trace's
-   rate, beside the rate at which it can (docs/performance.md bandwidths).
+   on Mooncake's full conversation trace (as the example is, write_back, and with
+   write_through): hit ratio with the host pool only (device + host), + UMBP DRAM, + UMBP
+   SSD, and the tokens/s (and GB/s) each tier must deliver at the trace's rate, beside the
+   rate at which it can (docs/performance.md bandwidths).
 2. **Router vs round-robin under cache pressure**: N pods of the same plan with the host pool
    only (device + host, ~5.6 M tokens a pod against a 90.7 M-token working set), behind
    cache_aware (the CR's thresholds and tree), round_robin and prefix_hash; the bound is one pod
    holding all N pods' cache (a perfect partition of the sessions, nothing held twice).
-3. **The served slice's prediction**: the first 500 requests at 32 tokens per block and pageSize
-   32 (the CPU test model), capacities that make every tier evict, and what the model predicts
-   per tier: the numbers the served check (``served_vs_model_<tier>``, pod tier, not run here)
-   compares with.
+3. **The served slice's prediction**: the first 800 requests at 16 tokens per block and
+   pageSize 16 (the CPU test model), write-through, capacities that make every tier evict
+   (``pressure_capacities``), and what the model predicts per tier.
+4. **Served** (``--served``, what ``make bench-trace`` runs): ``bench/trace_served.py`` in the
+   engine environment (root, the pod tier): that slice through one real CPU pod
+   (``served_vs_model_<tier>``) and through two pods behind the real router, cache_aware vs
+   round_robin (``router_vs_round_robin_hit``, measured, beside the model's); its JSON is
+   merged into this one.
 
-Run: ``make bench-trace`` (``.venv/bin/python bench/trace.py [--pods 2,4,8]``).
+Run: ``make bench-trace`` (``.venv/bin/python bench/trace.py --served [--pods 2,4,8]``; without
+``--served`` only the model runs).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +56,8 @@ from hicache_operator.planner.trace_model import (
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples/deepseek-r1-mi355x.yaml"
 PREFILL = 52_300.0  # LMSYS's DeepSeek-R1 on 8xH100 (DESIGN §12)
-SLICE_REQUESTS, SLICE_BLOCK, SLICE_PAGE = 500, 32, 32
+SLICE_REQUESTS, SLICE_BLOCK, SLICE_PAGE = 800, 16, 16
+ENGINE_PY = ROOT / ".cache/venvs/engine/bin/engine-python"
 
 
 def _r(x: float, n: int = 4) -> float:
@@ -110,20 +118,33 @@ def served_slice(trace: Any) -> dict[str, Any]:
     sliced = scale_trace(trace, SLICE_BLOCK, count=SLICE_REQUESTS)
     cap = pressure_capacities(sliced, SLICE_PAGE)
     pred = model_for_slice(sliced, cap, Policy(page_size=SLICE_PAGE,
-                                               prefetch_threshold=SLICE_PAGE))
+                                               write_policy="write_through"))
     print(f"served slice {sliced.name}: {sliced.prompt_tokens:,} prompt tokens, capacities "
-          f"{cap}; predicted hits {pred.hit_tokens} (ratio {pred.result.hit_ratio:.4f}); "
-          f"served_vs_model_<tier>: not measured here (pod tier)", flush=True)
+          f"{cap}; predicted hits {pred.hit_tokens} (ratio {pred.hit_ratio:.4f})",
+          flush=True)
     return {"requests": SLICE_REQUESTS, "block_tokens": SLICE_BLOCK, "page_size": SLICE_PAGE,
             "prompt_tokens": sliced.prompt_tokens, "working_set": footprint_tokens(sliced),
             "capacity": asdict(cap), "predicted_hit_tokens": pred.hit_tokens,
             "predicted_evicted_tokens": pred.evicted_tokens,
-            "predicted_hit_ratio": _r(pred.result.hit_ratio)}
+            "predicted_hit_ratio": _r(pred.hit_ratio)}
+
+
+def served(requests: int) -> dict[str, Any]:
+    """bench/trace_served.py in the engine environment; its last line (JSON)."""
+    cmd = [str(ENGINE_PY), str(ROOT / "bench/trace_served.py"), "--requests", str(requests)]
+    print("served phases: " + " ".join(cmd), flush=True)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
+    lines = proc.stdout.strip().splitlines()
+    print("\n".join(lines[:-1]), flush=True)
+    out: dict[str, Any] = json.loads(lines[-1])
+    return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pods", default="2,4,8")
+    ap.add_argument("--served", action="store_true",
+                    help="also run the served phases (root, make engine-env router-env)")
     args = ap.parse_args()
     pods_list = [int(x) for x in args.pods.split(",")]
     t0 = time.perf_counter()
@@ -142,18 +163,28 @@ def main() -> int:
     result = {
         "trace": trace.name, "theoretical_hit": _r(ceiling),
         "deepseek_r1": {"capacity": asdict(model.capacity), **projection(trace, model)},
+        # The example keeps write_back, under which this trace never reads L3 (SGLang's lookup
+        # gate, docs/capacity-planning.md); the same tiers with write_through:
+        "deepseek_r1_write_through": projection(trace, replace(
+            model, policy=replace(model.policy, write_policy="write_through"))),
         "router_under_pressure": router_pressure(trace, p, model, pods_list),
         "served_slice": served_slice(trace),
-        "served_vs_model": None,  # the pod-tier check, not part of this model-only run
         "prefill_tokens_per_s": PREFILL,
         "bandwidth_gb_per_s": {t: b.gb_per_s for t, b in MEASURED_BANDWIDTH.items()},
         "wall_s": _r(time.perf_counter() - t0, 1),
     }
     worst = min(result["router_under_pressure"].values(),
                 key=lambda row: row["router_vs_round_robin_hit"])
-    result["router_vs_round_robin_hit"] = worst["router_vs_round_robin_hit"]
+    # the model's, on the full trace; router_vs_round_robin_hit is the served measurement
+    result["model_router_vs_round_robin_hit"] = worst["router_vs_round_robin_hit"]
     result["router_vs_bound"] = min(
         row["router_vs_bound"] for row in result["router_under_pressure"].values())
+    if args.served:
+        measured = served(SLICE_REQUESTS)
+        result["served"] = measured
+        result.update({k: v for k, v in measured.items()
+                       if k.startswith("served_vs_model_") or k == "router_vs_round_robin_hit"})
+    result["wall_s"] = _r(time.perf_counter() - t0, 1)
     print(json.dumps(result, sort_keys=True))
     return 0
 

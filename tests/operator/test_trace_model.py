@@ -4,6 +4,7 @@ threshold, the write policies, promotion, leaf-first eviction, routing, estimate
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from hicache_operator.planner.trace_model import (
@@ -18,11 +19,18 @@ from hicache_operator.planner.trace_model import (
 )
 from hicache_operator.planner.trace_model.estimate import tier_rates
 from hicache_operator.planner.trace_model.pod import PodCache
+from hicache_operator.planner.trace_model.tiers import LruTier, SetAssociativeTier
 from hicache_operator.planner.trace_model.trace import Request
 
 pytestmark = pytest.mark.unit
 B = 4  # tokens per block in these traces
-FREE = Policy(page_size=1, prefetch_threshold=0)
+# Plain LRU tiers: these traces test SGLang's policies; mori's DRAM watermarks and our SSD
+# tier's sets have tests of their own below.
+def lru_policy(**kw: Any) -> Policy:
+    return Policy(dram_watermarks=None, ssd_ways=None, **kw)
+
+
+FREE = lru_policy(page_size=1, prefetch_threshold=0)
 
 
 def _trace(chains: Sequence[Sequence[int]], *, gap_ms: int = 1000) -> Trace:
@@ -45,11 +53,11 @@ def test_a_request_hits_the_longest_cached_prefix_only() -> None:
 
 
 def test_hits_are_whole_pages_and_keep_the_last_token() -> None:
-    cache = PodCache(TierTokens(100, 0, 0, 0), Policy(page_size=3, prefetch_threshold=0))
+    cache = PodCache(TierTokens(100, 0, 0, 0), lru_policy(page_size=3, prefetch_threshold=0))
     _serve(cache, [1, 2, 3])
     assert _serve(cache, [1, 2, 7])[0] == 6  # 8 tokens matched, 2 pages of 3
     assert _serve(cache, [1, 2, 3])[0] == 9  # 12 tokens, at most 11 reusable: 3 pages
-    wide = PodCache(TierTokens(100, 0, 0, 0), Policy(page_size=8, prefetch_threshold=0))
+    wide = PodCache(TierTokens(100, 0, 0, 0), lru_policy(page_size=8, prefetch_threshold=0))
     _serve(wide, [1, 2, 3])
     assert _serve(wide, [1, 2, 7])[0] == 8  # a page spans two blocks: both must match
     assert _serve(wide, [1, 7])[0] == 0
@@ -66,14 +74,14 @@ def test_write_back_fills_host_and_l3_only_when_the_device_evicts() -> None:
 
 
 def test_write_through_fills_host_and_l3_at_once() -> None:
-    cache = PodCache(TierTokens(8, 100, 100, 100), Policy(page_size=1, prefetch_threshold=0,
+    cache = PodCache(TierTokens(8, 100, 100, 100), lru_policy(page_size=1, prefetch_threshold=0,
                                                           write_policy="write_through"))
     _serve(cache, [1, 2])
     assert set(cache.host.entries) == set(cache.l3_ssd.entries) == {1, 2}
 
 
 def test_write_through_selective_writes_a_page_on_its_second_use_on_the_device() -> None:
-    cache = PodCache(TierTokens(8, 100, 100, 0), Policy(
+    cache = PodCache(TierTokens(8, 100, 100, 0), lru_policy(
         page_size=1, prefetch_threshold=0, write_policy="write_through_selective"))
     _serve(cache, [1, 2])
     assert not cache.host.entries
@@ -95,7 +103,7 @@ def test_an_l3_hit_is_promoted_to_host_and_device_and_ssd_hits_into_dram() -> No
 
 
 def test_promote_on_hit_off_leaves_dram_alone() -> None:
-    cache = PodCache(TierTokens(8, 8, 8, 100), Policy(page_size=1, prefetch_threshold=0,
+    cache = PodCache(TierTokens(8, 8, 8, 100), lru_policy(page_size=1, prefetch_threshold=0,
                                                       promote_on_hit=False))
     for chain in ([1, 2], [3, 4], [5, 6], [7, 8], [1, 2]):
         _serve(cache, chain)
@@ -104,7 +112,7 @@ def test_promote_on_hit_off_leaves_dram_alone() -> None:
 
 def test_the_prefetch_threshold_recomputes_small_l3_hits() -> None:
     def l3_hit(threshold: int) -> int:
-        cache = PodCache(TierTokens(4, 4, 100, 0), Policy(page_size=1,
+        cache = PodCache(TierTokens(4, 4, 100, 0), lru_policy(page_size=1,
                                                            prefetch_threshold=threshold))
         for chain in ([1, 2], [3], [4], [5]):
             _serve(cache, chain)
@@ -112,6 +120,53 @@ def test_the_prefetch_threshold_recomputes_small_l3_hits() -> None:
 
     assert l3_hit(8) == 8
     assert l3_hit(9) == 0
+
+
+def test_l3_is_read_only_past_a_match_ending_at_a_page_with_a_host_copy() -> None:
+    """SGLang's prefetch gate (``is_backuped(last_host_node)``): under write_back a prefix
+    still only on the device has no host copy, and a request matching it never reads L3."""
+    def hits(policy: str) -> tuple[int, ...]:
+        cache = PodCache(TierTokens(8, 8, 100, 0), lru_policy(page_size=1, prefetch_threshold=0,
+                                                              write_policy=policy))
+        for chain in ([1, 2], [3, 4], [5, 6], [7, 8], [9], [9]):  # 9 hot, 1, 2 only in L3
+            _serve(cache, chain)
+        assert 1 in cache.l3_dram.entries and 1 not in cache.host.entries
+        assert 9 in cache.device.entries
+        return _serve(cache, [9, 1, 2, 5])
+
+    assert hits("write_back") == (4, 0, 0, 0)  # 9 is on the device only: no L3 lookup
+    # 9 has its host copy: 1, 2, 5 from L3 (the last token recomputed)
+    assert hits("write_through") == (4, 0, 11, 0)
+
+
+def test_mori_dram_evicts_by_watermarks() -> None:
+    """mori 1.2.4: once the tier holds 90% of its capacity it drops its LRU keys to 70%."""
+    tier = LruTier(9, low=7)
+    for key in range(8):
+        tier.add(key, 1, None)
+    assert tier.used == 8 and tier.evicted_tokens == 0
+    tier.add(8, 1, None)
+    assert list(tier.entries) == [2, 3, 4, 5, 6, 7, 8] and tier.evicted_tokens == 2
+
+
+def test_our_ssd_tier_loses_a_page_with_its_first_part_and_stores_it_again_only_when_empty(
+        ) -> None:
+    tier = SetAssociativeTier(4, 1, 2, 1)  # 4 one-token pages, K and V: 8 one-way sets
+    a = 0
+    b = next(k for k in range(1, 1000) if tier._set(k, 0) is tier._set(a, 0)
+             and tier._set(k, 1) is not tier._set(a, 1))
+    tier.add(a, 1, None)
+    tier.add(b, 1, None)  # takes a's K slot: a is gone, its V part stays
+    assert a not in tier.entries and b in tier.entries and tier.partial == {a: 1}
+    assert tier.evicted_tokens == 1
+    tier.add(a, 1, None)  # a part of it is still there: nothing is stored
+    assert a not in tier.entries
+    c = next(k for k in range(1000) if k not in (a, b) and tier._set(k, 0) is tier._set(a, 1)
+             and tier._set(k, 1) not in (tier._set(a, 1), tier._set(b, 0), tier._set(b, 1)))
+    tier.add(c, 1, None)  # evicts a's V: a may be stored again
+    assert tier.partial == {}
+    tier.add(a, 1, None)
+    assert a in tier.entries
 
 
 def test_eviction_takes_a_chains_leaves_before_its_root() -> None:
@@ -204,12 +259,15 @@ def test_a_plans_tiers_come_from_the_planners_sizing() -> None:
     assert p.router is not None and p.router.sizing.pod_tokens is not None
     tokens = p.router.sizing.pod_tokens
     # the router's tokens per pod and the device pool: 288 GiB x 0.85 - 642 GiB / 8, / 70,272 B
-    assert (model.capacity.host, model.capacity.l3_dram, model.capacity.l3_ssd) == (
-        tokens.host, tokens.l3_dram, tokens.l3_ssd) == (3_055_959, 7_823_255, 46_939_533)
+    assert (model.capacity.host, model.capacity.l3_ssd) == (tokens.host, tokens.l3_ssd) == (
+        3_055_959, 46_939_533)
+    assert tokens.l3_dram == 7_823_255
+    # mori allocates each 4,497,408 B part in whole 64 KiB pages: 69 of them
+    assert model.capacity.l3_dram == 512 * 1024**3 // (69 * 65536) * 64 == 7_780_736
     assert model.capacity.device == int(288 * 1024**3 * 0.85 - 642 * 1024**3 // 8) // 70_272
     assert model.token_bytes == 70_272 and model.l3_read_bytes_per_token == 8 * 70_272
     assert model.policy == Policy(page_size=64, write_policy="write_back",
-                                  prefetch_threshold=256, promote_on_hit=True)
+                                  prefetch_threshold=256, promote_on_hit=True, page_parts=1)
     rc = router_config(p.spec, p.router, 2)
     assert rc.policy == "cache_aware" and rc.cache_threshold == 0.3
     assert rc.tree_tokens == p.router.sizing.tree_chars // 4  # per pod, as smg evicts

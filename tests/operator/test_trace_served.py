@@ -64,14 +64,20 @@ def test_a_scaled_slice_keeps_the_chains_and_their_reuse() -> None:
 
 
 def test_pressure_capacities_make_every_tier_evict_and_hit() -> None:
-    sliced = scale_trace(_conversation(), PAGE, count=500)
-    cap = pressure_capacities(sliced, PAGE)
+    """The served check's slice (800 requests, one block a 16-token page): every tier evicts
+    and serves a meaningful share of the hits."""
+    sliced = scale_trace(_conversation(), 16, count=800)
+    cap = pressure_capacities(sliced, 16)
     assert cap.device < cap.host < cap.l3_dram < cap.l3_ssd
-    assert all(cap.get(t) % PAGE == 0 for t in TIERS)
-    pred = model_for_slice(sliced, cap, Policy(page_size=PAGE, prefetch_threshold=PAGE))
+    assert all(cap.get(t) % 16 == 0 for t in TIERS)
+    # write_through: under write_back SGLang never reads L3 behind this trace's hot first
+    # block (test_trace_model: the prefetch gate), so L3 could not hit.
+    pred = model_for_slice(sliced, cap, Policy(page_size=16, write_policy="write_through"),
+                           samples=4)
+    hits = sum(pred.hit_tokens.values())
     for tier in TIERS:
         assert pred.evicted_tokens[tier] > 0, tier
-        assert pred.hit_tokens[tier] > 0.02 * sliced.prompt_tokens, tier
+        assert pred.hit_tokens[tier] > 0.15 * hits, (tier, pred.hit_tokens)
 
 
 def test_served_vs_model_is_served_over_predicted_per_tier() -> None:
@@ -82,3 +88,18 @@ def test_served_vs_model_is_served_over_predicted_per_tier() -> None:
     ratios = pred.served_vs_model(served)
     assert set(ratios) == {f"served_vs_model_{t}" for t, n in pred.hit_tokens.items() if n}
     assert all(abs(r - 0.5) < 0.01 for r in ratios.values())
+
+
+def test_the_ssd_prediction_is_the_mean_over_key_to_set_maps() -> None:
+    """Our SSD tier's key -> set map is a SHA-256 the trace cannot give: each replay draws one,
+    and the prediction is their mean, with the spread beside it."""
+    sliced = scale_trace(_conversation(), 16, count=800)
+    cap = pressure_capacities(sliced, 16)
+    pred = model_for_slice(sliced, cap, Policy(page_size=16, write_policy="write_through"),
+                           samples=4)
+    ssd = [r.hit_tokens["l3_ssd"] for r in pred.results]
+    assert len(set(ssd)) > 1  # the map matters near the tier's capacity
+    low, high = pred.hit_spread["l3_ssd"]
+    assert (low, high) == (min(ssd), max(ssd))
+    assert pred.hit_tokens["l3_ssd"] == round(sum(ssd) / 4)
+    assert pred.hit_spread["device"][0] == pred.hit_spread["device"][1]  # the GPU has no sets

@@ -12,7 +12,13 @@ from .curve import Curve, curve
 from .estimate import MEASURED_BANDWIDTH, Estimate, estimate, verdicts
 from .replay import ReplayResult, footprint_tokens, replay, single_lru, theoretical_hit
 from .routing import ROUTER_POLICIES, RouterConfig
-from .served import model_for_slice, pressure_capacities, prompt_ids, scale_trace
+from .served import (
+    model_for_slice,
+    pressure_capacities,
+    prompt_ids,
+    prompt_text,
+    scale_trace,
+)
 from .tiers import TIER_LABELS, TIERS, Policy, TierTokens
 from .trace import BUILTIN_TRACES, Trace, TraceError, load_trace
 
@@ -20,6 +26,6 @@ __all__ = [
     "BUILTIN_TRACES", "MEASURED_BANDWIDTH", "ROUTER_POLICIES", "TIERS", "TIER_LABELS", "Curve",
     "Estimate", "NoGeometry", "PodModel", "Policy", "ReplayResult", "RouterConfig", "TierTokens",
     "Trace", "TraceError", "curve", "estimate", "footprint_tokens", "load_trace",
-    "model_for_slice", "pod_model", "pressure_capacities", "prompt_ids", "replay",
+    "model_for_slice", "pod_model", "pressure_capacities", "prompt_ids", "prompt_text", "replay",
     "router_config", "scale_trace", "single_lru", "theoretical_hit", "verdicts",
 ]

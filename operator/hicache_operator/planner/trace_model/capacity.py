@@ -8,6 +8,10 @@ Bytes a hit reads, per token (``b`` one token in one rank's pool, ``R`` ranks pe
 
 * host pool -> device: every rank loads its own ``b`` over its own PCIe link, in parallel, so
   the tier's rate is ``bandwidth / b``;
+UMBP DRAM holds fewer tokens than its bytes say when page parts are small: mori allocates each
+key in whole 64 KiB pages (:func:`mori_dram_tokens`); with DeepSeek-R1's 4.5 MB parts that is
+0.5%, with a tiny model's 4 KiB parts 16x.
+
 * L3 -> host pool: every rank prefetches its own copy into its host pool (mha: its heads; mla:
   the whole latent, which all ranks read from the pod's one store), so the store serves
   ``R * b`` per token: ``bandwidth / (R * b)``, then the host -> device load as above.
@@ -66,12 +70,34 @@ def pod_model(spec: SGLangHiCacheSpec, sizing: PodSizing, gpu: GpuModel, *,
     else:
         device = device_tokens(pools, b, groups)
     write = spec.hi_cache.write_policy
+    # Our SSD tier holds one slot per page part: K and V of every attention-TP rank (mha), the
+    # writer rank's latent (mla).
+    parts = sizing.page.parts * (1 if mla else max(tp, 1))
     policy = Policy(page_size=spec.engine.page_size, write_policy=write,
                     prefetch_threshold=max(prefetch_threshold, spec.engine.page_size),
-                    promote_on_hit=spec.l3.tiering.promote_on_hit)
-    capacity = TierTokens(device=device, host=tokens.host, l3_dram=tokens.l3_dram,
+                    promote_on_hit=spec.l3.tiering.promote_on_hit, page_parts=parts)
+    capacity = TierTokens(device=device, host=tokens.host,
+                          l3_dram=mori_dram_tokens(sizing, tp, mla, tokens.l3_dram),
                           l3_ssd=tokens.l3_ssd)
     return PodModel(capacity, policy, b, sizing.ranks, tuple(notes))
+
+
+#: mori 1.2.4's DRAM tier allocates each key in whole pages of this size (``dram_page_size``,
+#: 64 KiB by default): a 4 KiB page part takes 64 KiB (measured: a 4 MiB embedded tier holds
+#: 44-57 keys of 4 KiB, as many as of 64 KiB).
+MORI_DRAM_PAGE_BYTES = 64 * 1024
+
+
+def mori_dram_tokens(sizing: PodSizing, tp: int, mla: bool, planned: int) -> int:
+    """The tokens UMBP DRAM really holds: ``D / (keys per page x each key's whole 64 KiB
+    pages) x pageSize`` (every attention-TP rank stores its own parts under mha, one copy under
+    mla); ``planned`` (the planner's bytes / bytes per token) when the page is unknown."""
+    page = sizing.page
+    if page is None:
+        return planned
+    unit = -(-page.part_bytes // MORI_DRAM_PAGE_BYTES) * MORI_DRAM_PAGE_BYTES
+    keys = page.parts * (1 if mla else max(tp, 1))
+    return sizing.dram_total // (keys * unit) * page.page_size
 
 
 def router_config(spec: SGLangHiCacheSpec, router: RouterPlan | None, pods: int,

@@ -11,6 +11,11 @@ What SGLang and the store do, and how the replay follows it:
   the difference of that rounded prefix at its boundaries, so the shares always add up.
 * **Prefetch threshold.** SGLang prefetches from storage only when the storage hit is at least
   ``prefetch_threshold`` tokens (default 256); below it the L3 part is recomputed.
+* **Prefetch gate.** SGLang asks L3 only when the device + host match ends at the root or at a
+  page with a host copy (``is_backuped(last_host_node)``, ``scheduler._prefetch_kvcache``).
+  Under ``write_back`` a page gets a host copy only when the device evicts it, so a request
+  whose match ends in a prefix still on the device (a hot system prompt) never reads L3;
+  under write-through every page on the device has its host copy.
 * **Promotion.** Whatever the request used ends on the device (computed or loaded); an L3 hit
   is prefetched into the host pool first, so it lands in host and device; an SSD hit is also
   copied into DRAM when ``promoteOnHit`` (the store's rule).
@@ -22,7 +27,8 @@ What SGLang and the store do, and how the replay follows it:
   the device evicts the page, and a page evicted before its threshold is gone). L3 is DRAM in
   front of SSD, and the store puts every page into both (the write-back ring drains DRAM's pages
   to SSD), so SSD holds what DRAM holds.
-* **Eviction.** Every tier is an LRU of blocks within its capacity. A request's blocks are
+* **Eviction.** Every tier is an LRU of blocks within its capacity; UMBP DRAM (mori's) by
+  watermarks: once it holds 90% of its capacity it evicts down to 70%. A request's blocks are
   refreshed deepest first, so within a chain the root is the most recent: a chain loses its
   leaves before its root, as SGLang's leaf-first eviction does. A host copy of a page still on
   the device is refreshed with it (SGLang never evicts those from host).
@@ -34,7 +40,7 @@ as it is written; the prefetch never times out).
 
 from __future__ import annotations
 
-from .tiers import LruTier, Policy, TierTokens
+from .tiers import LruTier, Policy, SetAssociativeTier, TierTokens
 
 
 class PodCache:
@@ -44,8 +50,13 @@ class PodCache:
     def __init__(self, capacity: TierTokens, policy: Policy) -> None:
         self.device = LruTier(capacity.device)
         self.host = LruTier(capacity.host)
-        self.l3_dram = LruTier(capacity.l3_dram)
-        self.l3_ssd = LruTier(capacity.l3_ssd)
+        marks = policy.dram_watermarks
+        self.l3_dram = (LruTier(capacity.l3_dram) if marks is None else
+                        LruTier(int(capacity.l3_dram * marks[1]), int(capacity.l3_dram * marks[0])))
+        self.l3_ssd: LruTier | SetAssociativeTier = (
+            LruTier(capacity.l3_ssd) if policy.ssd_ways is None else SetAssociativeTier(
+                capacity.l3_ssd, policy.page_size, policy.page_parts, policy.ssd_ways,
+                policy.ssd_salt))
         self.policy = policy
         self.page = policy.page_size
         self.threshold = policy.prefetch_threshold
@@ -68,7 +79,10 @@ class PodCache:
             i += 1
         h = i
         from_ssd: list[bool] = []
-        while i < n:
+        # SGLang looks in L3 only past a match that ends at the root or at a page with a host
+        # copy (scheduler._prefetch_kvcache: ``is_backuped(last_host_node)``): under
+        # write_back a prefix still only on the device stops the lookup.
+        while i < n and (h == 0 or blocks[h - 1] in host):
             key = blocks[i]
             if key in dram:
                 from_ssd.append(False)
@@ -106,6 +120,7 @@ class PodCache:
                     dram.add(key, sizes[k], None)
             else:
                 dram.touch(key)
+                ssd.touch(key)  # our SSD tier's LRU sees DRAM's hits too (touch_later)
             host.add(key, sizes[k], None)
         if self.write_through:
             uses, needed = self.uses, self.write_through

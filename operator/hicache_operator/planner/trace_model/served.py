@@ -17,7 +17,7 @@ compares its ``meta_info`` / ``/metrics`` hits per tier with the prediction.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .replay import ReplayResult, footprint_tokens, replay
 from .routing import RouterConfig
@@ -25,8 +25,11 @@ from .tiers import Policy, TierTokens
 from .trace import Request, Trace
 
 #: Shares of a slice's working set per tier: every tier smaller than the set, each larger than
-#: the one above it (host >= device as SGLang wants), so each one evicts.
-PRESSURE_FRACTIONS = TierTokens(device=10, host=20, l3_dram=35, l3_ssd=60)  # percent
+#: the one above it (host >= device as SGLang wants), so each one evicts; on the conversation
+#: trace's first 800 requests (write-through) each tier then serves a fifth or more of the hits
+#: (UMBP DRAM above the host pool: mori keeps 70-90% of it, and what it holds below the host
+#: pool's size is in the host pool too).
+PRESSURE_FRACTIONS = TierTokens(device=6, host=25, l3_dram=40, l3_ssd=90)  # percent
 
 
 def block_token_ids(hash_id: int, count: int, *, vocab: int, reserved: int = 2,
@@ -74,6 +77,17 @@ def prompt_ids(request: Request, block_tokens: int, *, vocab: int, reserved: int
     return out[:request.input_length]
 
 
+def prompt_text(request: Request, block_tokens: int, words: list[str], *, seed: int = 0,
+                cache: dict[int, list[int]] | None = None) -> str:
+    """The prompt of a scaled request as text, for a router that routes on text (smg's
+    cache_aware tree holds characters): the ids of :func:`prompt_ids` over ``len(words)``,
+    each one a word. ``words`` must each encode to exactly one token, alone and after any other
+    (e.g. a byte-level BPE's in-vocabulary words with their leading space), so the text is the
+    same number of tokens and equal hashes still give equal pages."""
+    ids = prompt_ids(request, block_tokens, vocab=len(words), reserved=0, seed=seed, cache=cache)
+    return "".join(words[i] for i in ids)
+
+
 def pressure_capacities(trace: Trace, page_size: int,
                         percent: TierTokens = PRESSURE_FRACTIONS) -> TierTokens:
     """Tier capacities (tokens, whole pages, at least one page) as percentages of the slice's
@@ -87,17 +101,38 @@ def pressure_capacities(trace: Trace, page_size: int,
                       l3_dram=cap(percent.l3_dram), l3_ssd=cap(percent.l3_ssd))
 
 
+#: Replays averaged per prediction: our SSD tier maps keys to sets by a hash the trace cannot
+#: give, so the model predicts the mean over this many maps (and says their spread).
+SSD_SAMPLES = 32
+
+
 @dataclass(frozen=True)
 class SlicePrediction:
-    """What the model predicts for a served replay of ``trace`` on pods of ``capacity``."""
+    """What the model predicts for a served replay of ``trace`` on pods of ``capacity``: the
+    mean hit tokens per tier over ``len(results)`` key -> set maps of the SSD tier."""
 
     trace: Trace
     capacity: TierTokens
-    result: ReplayResult
+    results: tuple[ReplayResult, ...]
+
+    @property
+    def result(self) -> ReplayResult:
+        return self.results[0]
 
     @property
     def hit_tokens(self) -> dict[str, int]:
-        return self.result.hit_tokens
+        return {t: round(sum(r.hit_tokens[t] for r in self.results) / len(self.results))
+                for t in self.result.hit_tokens}
+
+    @property
+    def hit_spread(self) -> dict[str, tuple[int, int]]:
+        """(least, most) hit tokens per tier over the maps."""
+        return {t: (min(r.hit_tokens[t] for r in self.results),
+                    max(r.hit_tokens[t] for r in self.results)) for t in self.result.hit_tokens}
+
+    @property
+    def hit_ratio(self) -> float:
+        return sum(self.hit_tokens.values()) / self.trace.prompt_tokens
 
     @property
     def evicted_tokens(self) -> dict[str, int]:
@@ -110,7 +145,12 @@ class SlicePrediction:
 
 
 def model_for_slice(trace: Trace, capacity: TierTokens, policy: Policy, *, pods: int = 1,
-                    router: RouterConfig | None = None) -> SlicePrediction:
-    """The model's per-tier hit tokens for a (scaled) slice on pods of ``capacity``."""
-    return SlicePrediction(trace, capacity,
-                           replay(trace, capacity, policy, pods=pods, router=router))
+                    router: RouterConfig | None = None,
+                    samples: int = SSD_SAMPLES) -> SlicePrediction:
+    """The model's per-tier hit tokens for a (scaled) slice on pods of ``capacity``: the mean
+    of ``samples`` replays with different SSD key -> set maps (one without a set-associative
+    SSD tier)."""
+    n = samples if policy.ssd_ways is not None and capacity.l3_ssd else 1
+    return SlicePrediction(trace, capacity, tuple(
+        replay(trace, capacity, replace(policy, ssd_salt=salt), pods=pods, router=router)
+        for salt in range(n)))
