@@ -93,6 +93,8 @@ def test_builtin_backend_command_parses_and_selects_sglangs_mori_backend(
     tests/backend/test_builtin_backend_sglang.py)."""
     args, _ = _server_args(mi355x, l3_backend="sglang-mori")
     assert args.hicache_storage_backend == "mori"
+    # SGLang's prefetch settings ride along (the contract's defaults are SGLang's own).
     assert json.loads(args.hicache_storage_backend_extra_config) == {
-        "ssd_enabled": False, "dram_capacity_bytes": 64 * GIB}
+        "ssd_enabled": False, "dram_capacity_bytes": 64 * GIB, "prefetch_threshold": 256,
+        "prefetch_timeout_base": 1.0, "prefetch_timeout_per_ki_token": 0.25}
     assert StorageBackendFactory._registry["mori"]["class_name"] == "UMBPStore"
