@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, fields
 from typing import TypeVar
@@ -362,14 +363,18 @@ class DiskStore:
 
 
 def _in_drive_threads(jobs: Sequence[tuple[Drive, Callable[[], T]]]) -> list[T | Exception]:
-    """Run each job in its drive's threads: a drive's jobs dealt round-robin into one chunk
-    per I/O thread, each chunk one task (a future and a GIL hand-over per chunk, not per page:
-    per-page tasks made the threads fight the caller for the GIL). Results (or the exception a
-    job raised) in the jobs' order."""
+    """Run each job in its drive's threads: one task per I/O thread of the drive, each pulling
+    the drive's next job until none is left (a future and a GIL hand-over per thread, not per
+    page: per-page tasks made the threads fight the caller for the GIL; pulling, unlike a fixed
+    share per thread, keeps one slow transfer from holding up a whole share). Results (or the
+    exception a job raised) in the jobs' order."""
     out: list[T | Exception | None] = [None] * len(jobs)
 
-    def run(idx: list[int]) -> None:
-        for j in idx:
+    def run(idx: list[int], cursor: Iterator[int]) -> None:
+        for k in cursor:  # itertools.count is atomic under the GIL: each k taken once
+            if k >= len(idx):
+                return
+            j = idx[k]
             try:
                 out[j] = jobs[j][1]()
             except Exception as e:  # reported per job, never into the caller
@@ -380,8 +385,9 @@ def _in_drive_threads(jobs: Sequence[tuple[Drive, Callable[[], T]]]) -> list[T |
         by_drive.setdefault(drive, []).append(j)
     futures: list[Future[None]] = []
     for drive, idx in by_drive.items():
-        k = min(drive.io_threads, len(idx))
-        futures += [drive.submit(run, idx[c::k]) for c in range(k)]
+        cursor = itertools.count()
+        futures += [drive.submit(run, idx, cursor)
+                    for _ in range(min(drive.io_threads, len(idx)))]
     for fut in futures:
         fut.result()
     return out  # type: ignore[return-value]
