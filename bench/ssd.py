@@ -19,8 +19,12 @@ embedded SSD node as the project configures it, posix I/O as under RuntimeDefaul
 ``file`` (SGLang's ``HiCacheFile``). Then several drives: ours over 1, 2 and 4 directories (on
 this machine one disk: the point is no regression, and the page counts per directory).
 
+Beside the controller's path, the store SGLang calls alone: ``batch_set_v1`` / ``batch_get_v1``
+on the attached backend, as the backup and prefetch-io threads call them (``*_v1`` ratios).
+
 Run: ``make bench-ssd`` (``BENCH_ROUNDS``, default 3). Last line: one JSON object with
-``read_vs_disk``, ``write_vs_disk``, ``read_vs_mori_ssd``, ``read_vs_file`` (each the smaller
+``read_vs_disk``, ``write_vs_disk``, ``read_vs_disk_v1``, ``write_vs_disk_v1``,
+``read_vs_mori_ssd``, ``read_vs_file`` (each the smaller
 of the two page shapes, median of the rounds), ``pages_exact`` / ``pages_expected`` and the
 per-shape numbers.
 """
@@ -168,6 +172,7 @@ def run_backend(stack: S.Stack, name: str, ssd_dir: Path, seed: int, capacity: i
             have = E.page_bytes(host, got.host_indices)[: got.tokens // PAGE]
             exact = sum(a == b for a, b in zip(have, want, strict=False))
             host.free(got.host_indices)
+        v1 = _v1_calls(stack, name, ssd_dir, seed) if name in ("ours", "mori") else {}
         stats = _disk_stats(ctrl.storage_backend)
         per_dir = [sum(f.stat().st_blocks for f in (ssd_dir / f"nvme{i}").rglob("*")
                        if f.is_file()) for i in range(dirs)] if dirs > 1 else []
@@ -176,11 +181,38 @@ def run_backend(stack: S.Stack, name: str, ssd_dir: Path, seed: int, capacity: i
                 "exact_pages": exact, "direct_ios": stats.get("direct_ios", 0),
                 "buffered_ios": stats.get("buffered_ios", 0),
                 "pages_per_dir": [d.index.counts()[0] for d in _drives(ctrl.storage_backend)]
-                if per_dir else []}
+                if per_dir else [], **v1}
     finally:
         ctrl.detach_storage_backend()
         shutil.rmtree(ssd_dir, ignore_errors=True)
         ssd_dir.mkdir()
+
+
+def _v1_calls(stack: S.Stack, name: str, ssd_dir: Path, seed: int) -> dict[str, float]:
+    """The store SGLang calls, without the controller's threads: ``batch_set_v1`` of PAGES
+    fresh pages, then (page cache dropped) ``batch_get_v1`` of them, as the backup and the
+    prefetch-io threads call it; every page checked."""
+    host, backend = stack.host, stack.ctrl.storage_backend
+    rng = random.Random(seed + 1)
+    keys = [f"{rng.getrandbits(256):064x}" for _ in range(PAGES)]
+    idx = host.alloc(PAGES * PAGE)
+    try:
+        E.fill_pages(host, idx, seed + 1)
+        want = E.page_bytes(host, idx)
+        nbytes = sum(len(p) for p in want)
+        t = time.perf_counter()
+        ok = backend.batch_set_v1(keys, idx)
+        set_s = time.perf_counter() - t
+        assert all(ok), f"{name}: batch_set_v1 stored {sum(ok)} of {PAGES}"
+        E.wipe_pages(host, idx)
+        drop_page_cache(ssd_dir)
+        t = time.perf_counter()
+        ok = backend.batch_get_v1(keys, idx)
+        get_s = time.perf_counter() - t
+        assert all(ok) and E.page_bytes(host, idx) == want, f"{name}: v1 read-back differs"
+        return {"write_gbps_v1": nbytes / set_s / 1e9, "read_gbps_v1": nbytes / get_s / 1e9}
+    finally:
+        host.free(idx)
 
 
 def _stores(backend: Any) -> list[Any]:
@@ -238,6 +270,12 @@ def bench_kind(kind: str, model: Path, workdir: Path) -> dict[str, Any]:
         "page_bytes": page_bytes,
         "read_vs_disk": ratio("read_gbps", "ours", "disk"),
         "write_vs_disk": ratio("write_gbps", "ours", "disk"),
+        "read_vs_disk_v1": statistics.median(
+            x["read_gbps_v1"] / y["read_gbps"] for x, y in zip(runs["ours"], runs["disk"],
+                                                                strict=True)),
+        "write_vs_disk_v1": statistics.median(
+            x["write_gbps_v1"] / y["write_gbps"] for x, y in zip(runs["ours"], runs["disk"],
+                                                                 strict=True)),
         "read_vs_disk_with_dram": ratio("read_gbps", "ours+dram", "disk"),
         "read_vs_mori_ssd": ratio("read_gbps", "ours", "mori"),
         "write_vs_mori_ssd": ratio("write_gbps", "ours", "mori"),
@@ -258,13 +296,16 @@ def bench_kind(kind: str, model: Path, workdir: Path) -> dict[str, Any]:
               + (f"  byte-exact {out['exact_by_backend'][b]}/{PAGES * ROUNDS}"
                  if b in BACKENDS else f"  (O_DIRECT, {IO_THREADS} threads; best of "
                  f"{DISK_THREADS}: write {m['best_write_gbps']:.2f}, read "
-                 f"{m['best_read_gbps']:.2f})"), flush=True)
+                 f"{m['best_read_gbps']:.2f})")
+              + (f"; v1 calls alone: write {m['write_gbps_v1']:.2f}, read "
+                 f"{m['read_gbps_v1']:.2f} GB/s" if "write_gbps_v1" in m else ""), flush=True)
     for n, d in drives.items():
         print(f"[{kind}] ours on {n} dir(s): write {d['write_gbps']:.2f} GB/s, read "
               f"{d['read_gbps']:.2f} GB/s, byte-exact {d['exact_pages']}/{PAGES}, pages per dir "
               f"{d['pages_per_dir'] or [PAGES]}", flush=True)
     print(f"[{kind}] ours vs disk: read {out['read_vs_disk']:.2f}x, write "
-          f"{out['write_vs_disk']:.2f}x (with a DRAM tier in front: read "
+          f"{out['write_vs_disk']:.2f}x (the v1 calls alone: read {out['read_vs_disk_v1']:.2f}x, "
+          f"write {out['write_vs_disk_v1']:.2f}x; with a DRAM tier in front: read "
           f"{out['read_vs_disk_with_dram']:.2f}x); vs mori's SSD node: read "
           f"{out['read_vs_mori_ssd']:.1f}x, write {out['write_vs_mori_ssd']:.1f}x; vs file: read "
           f"{out['read_vs_file']:.2f}x, write {out['write_vs_file']:.2f}x; O_DIRECT transfers "
@@ -279,7 +320,8 @@ def main() -> None:
     try:
         model = E.tiny_model_dir(workdir)
         kinds = {kind: bench_kind(kind, model, workdir) for kind in ("mha", "r1")}
-        keys = ("read_vs_disk", "write_vs_disk", "read_vs_disk_with_dram", "read_vs_mori_ssd",
+        keys = ("read_vs_disk", "write_vs_disk", "read_vs_disk_v1", "write_vs_disk_v1",
+                "read_vs_disk_with_dram", "read_vs_mori_ssd",
                 "write_vs_mori_ssd", "read_vs_file", "write_vs_file")
         result: dict[str, Any] = {k: round(min(v[k] for v in kinds.values()), 3) for k in keys}
         result |= {

@@ -85,6 +85,9 @@ def planned(case: Case, mode: str, policy: str) -> PlannedL3:
         if mode == "embedded" and case.parts == MLA_PARTS:
             cr["spec"]["engine"]["tensorParallelSize"] = 1  # MLA over TP needs one store
         cr["spec"]["l3"]["tiering"] = {"writePolicy": policy, "queueSize": "512Mi"}
+        # mori's SSD node (and its umbp-ssd sidecar), whose read lease refuses writes: the
+        # subject here; our SSD tier has no lease (tests/backend/test_disk_store.py)
+        cr["spec"]["l3"]["ssd"]["engine"] = "mori"
 
     p = planned_l3(case.example, edit)
     assert p.plan.sizing.page is not None and p.plan.sizing.page.part_bytes == case.part

@@ -42,6 +42,7 @@ def _planned() -> tuple[dict[str, str], dict[str, dict[str, str]]]:
     def edit(cr: dict[str, Any]) -> None:
         cr["spec"]["engine"].update(pageSize=128, tensorParallelSize=2)
         cr["spec"]["l3"]["tiering"] = {"queueSize": "128Mi"}
+        cr["spec"]["l3"]["ssd"]["engine"] = "mori"  # the umbp-ssd sidecar is the subject
 
     planned = planned_l3("deepseek-r1-mi355x.yaml", edit)
     assert planned.plan.sizing.page is not None and planned.plan.sizing.page.part_bytes == PART
