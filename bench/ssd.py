@@ -240,7 +240,9 @@ def bench_kind(kind: str, model: Path, workdir: Path) -> dict[str, Any]:
                               pool_extra | {"host_prefault": True}, attach=False, page=PAGE,
                               device_pool=device_pool(kind), hicache_size_gb=2)
     page_bytes = stack.host.get_size_per_token() * PAGE
-    capacity = 2 * PAGES * page_bytes + (64 << 20)
+    # Room for 4 batches: a 16-way set cannot take more than 16 pages of one batch, and a
+    # tier sized to one batch would sometimes get 17 in a set.
+    capacity = 4 * PAGES * page_bytes + (64 << 20)
     ssd_dir = workdir / "volume"
     ssd_dir.mkdir(exist_ok=True)
     print(f"[{kind}] page {page_bytes} B ({stack.host.layout}), {PAGES} pages "
