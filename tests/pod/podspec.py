@@ -144,8 +144,13 @@ def probe(container: dict[str, Any], name: str) -> Probe | None:
 def hook(handler: dict[str, Any], grace_s: float) -> Probe:
     """A lifecycle hook (``preStop``) as a one-shot probe bounded by the grace period."""
     kinds = [k for k in ("exec", "httpGet", "sleep") if k in handler]
+    if kinds == ["sleep"]:  # the kubelet's own sleep action (no binary in the image)
+        seconds = min(float(handler["sleep"]["seconds"]), grace_s)
+        return Probe(kind="exec", target={"command": ["/bin/sleep", f"{seconds:g}"]},
+                     initial_delay_s=0, period_s=0, timeout_s=grace_s, success_threshold=1,
+                     failure_threshold=1)
     if kinds != ["exec"]:
-        raise NotImplementedError(f"lifecycle handler {sorted(handler)} (only exec)")
+        raise NotImplementedError(f"lifecycle handler {sorted(handler)} (only exec, sleep)")
     return Probe(kind="exec", target=handler["exec"], initial_delay_s=0, period_s=0,
                  timeout_s=grace_s, success_threshold=1, failure_threshold=1)
 

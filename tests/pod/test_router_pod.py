@@ -48,7 +48,9 @@ def _cr() -> dict[str, Any]:
     cr = load_cr("cpu/tiny-llama-embedded.yaml")
     cr["metadata"]["namespace"] = NS
     cr["spec"]["replicas"] = 1
-    cr["spec"]["router"] = {"enabled": True, "healthCheck": {
+    # One router pod: this test is about the engines behind it (two routers and their mesh:
+    # tests/e2e/test_router_mesh.py)
+    cr["spec"]["router"] = {"enabled": True, "replicas": 1, "healthCheck": {
         "intervalSeconds": 2, "timeoutSeconds": 5, "failureThreshold": 1, "successThreshold": 1}}
     return cr
 

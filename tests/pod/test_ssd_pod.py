@@ -53,7 +53,11 @@ def served_from_ssd(c: Client, cold: dict) -> dict:
     full_pages = warm["meta_info"]["prompt_tokens"] // 16 * 16
     assert details.get("storage") == full_pages, warm["meta_info"]
     assert warm["text"] == cold["text"]
-    text = c.metrics()
+    # the store's counters reach /metrics on SGLang's next get_stats (at most twice a second)
+    deadline = time.monotonic() + 30
+    while metric(text := c.metrics(), "hicache_umbp_l3_read_pages_total", tier="ssd") \
+            < full_pages // 16 and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert metric(text, "hicache_umbp_l3_read_pages_total", tier="ssd") >= full_pages // 16
     assert metric(text, "hicache_umbp_l3_read_pages_total", tier="dram") == 0
     assert metric(text, "hicache_umbp_ssd_read_bytes_total") > 0
