@@ -5,7 +5,7 @@ set -uo pipefail
 tier=$1; py=$2; shift 2
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-"$py" -m pytest -m "$tier" "$@"
+"$py" -m pytest -m "$tier" --durations=10 "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "pytest-tier: tier '$tier' collected no tests" >&2
