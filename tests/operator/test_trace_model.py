@@ -149,7 +149,7 @@ def test_mori_dram_evicts_by_watermarks() -> None:
     assert list(tier.entries) == [2, 3, 4, 5, 6, 7, 8] and tier.evicted_tokens == 2
 
 
-def test_our_ssd_tier_loses_a_page_with_its_first_part_and_stores_it_again_only_when_empty(
+def test_our_ssd_tier_loses_a_page_with_its_first_part_and_stores_it_whole_when_rewritten(
         ) -> None:
     tier = SetAssociativeTier(4, 1, 2, 1)  # 4 one-token pages, K and V: 8 one-way sets
     a = 0
@@ -159,14 +159,12 @@ def test_our_ssd_tier_loses_a_page_with_its_first_part_and_stores_it_again_only_
     tier.add(b, 1, None)  # takes a's K slot: a is gone, its V part stays
     assert a not in tier.entries and b in tier.entries and tier.partial == {a: 1}
     assert tier.evicted_tokens == 1
-    tier.add(a, 1, None)  # a part of it is still there: nothing is stored
-    assert a not in tier.entries
-    c = next(k for k in range(1000) if k not in (a, b) and tier._set(k, 0) is tier._set(a, 1)
-             and tier._set(k, 1) not in (tier._set(a, 1), tier._set(b, 0), tier._set(b, 1)))
-    tier.add(c, 1, None)  # evicts a's V: a may be stored again
-    assert tier.partial == {}
+    # Written again, a's V part is removed and a stored whole (TieredClient._whole_again): its
+    # K takes b's K slot back, so b is the partial page now.
     tier.add(a, 1, None)
-    assert a in tier.entries
+    assert a in tier.entries and b not in tier.entries and tier.partial == {b: 1}
+    assert sum(len(s) for s in tier.sets) == 3  # a's K and V, b's V: no stale part of a left
+    assert tier.used == 1 and tier.evicted_tokens == 2
 
 
 def test_eviction_takes_a_chains_leaves_before_its_root() -> None:

@@ -160,6 +160,18 @@ class SlotIndex:
             if state == WRITING and gen == claimed.gen:
                 self._free(claimed.slot, gen)
 
+    def remove(self, digest: bytes) -> bool:
+        """Free the committed slot holding ``digest`` (a reader of it sees a new generation: a
+        miss); False when none holds it."""
+        set_no = self.set_of(digest)
+        with self._locked_set(set_no):
+            for slot in range(set_no * self.ways, (set_no + 1) * self.ways):
+                d, state, gen, _s, _t, _p, _r = self._entry(slot)
+                if state == COMMITTED and d == digest:
+                    self._free(slot, gen)
+                    return True
+        return False
+
     def _free(self, slot: int, gen: int) -> None:
         ENTRY.pack_into(self._mm, self._off(slot), b"\0" * 32, FREE, (gen + 1) & 0xFFFFFFFF,
                         0, 0, 0, 0)

@@ -290,6 +290,17 @@ class DiskStore:
                 return i
         return len(keys)
 
+    def batch_remove(self, keys: Sequence[str]) -> list[bool]:
+        """Free the pages of ``keys`` (True where one was stored): the tier in front removes
+        the parts left of a page that lost one, to write it whole again."""
+        out = []
+        for key in keys:
+            digest = key_digest(key)
+            out.append(not self._closed and self._drive_of(digest).index.remove(digest))
+        with self._lock:
+            self._stats.pages -= sum(out)
+        return out
+
     def touch_later(self, keys: Sequence[str]) -> None:
         """Mark ``keys`` used now, in a drive thread (never waits): a tier in front that served
         them keeps their SSD copies from looking cold, so the SSD's LRU follows real use."""

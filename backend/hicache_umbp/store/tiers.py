@@ -12,7 +12,8 @@ as the store sends them), and each tier holds, for each page, parts of at most o
   while its V stayed would, re-put by another writer, hold K from one write and V from another
   (``tests/backend/test_tiers_mori.py`` stages exactly that on real mori). So a put writes a
   page only into a tier that holds *no* part of it: a tier holding the whole page keeps it, a
-  tier holding part of it is skipped (the partial page ages out).
+  tier holding part of it is skipped (the partial page ages out), but for an SSD tier that can
+  remove keys (ours), which gives up the parts it still holds, so the page is written whole.
 * puts (and promotions) run one at a time, so two writers of one page never interleave.
 * reads take all of a page's parts from one side: DRAM when DRAM has every part, else the
   SSD side (the write-back ring plus SSD, which only ever hold one write of a page), else miss.
@@ -45,7 +46,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..contract.staging import SSD_STAGING_SLOTS
@@ -53,6 +53,7 @@ from .protocol import UMBPClientLike
 from .ratelimit import RateLimitedLog
 from .refusals import RETRY_PAUSE_S, RETRY_WINDOW_S, BatchCall, SyncSsdWriter
 from .ring import MemfdStaging, StagingBuffer
+from .tierstats import TierStats
 from .writeback import WriteBackRing
 
 __all__ = ["TierStats", "TieredClient"]
@@ -61,30 +62,6 @@ log = logging.getLogger(__name__)
 
 WritePolicy = Literal["write_back", "write_through"]
 WRITE_POLICIES: tuple[str, ...] = ("write_back", "write_through")
-
-
-@dataclass
-class TierStats:
-    dram_hits: int = 0  # keys read from DRAM
-    ring_hits: int = 0  # keys read from the write-back ring (not yet on SSD)
-    ssd_hits: int = 0  # keys read from SSD
-    misses: int = 0  # keys of pages no side held whole
-    promotions: int = 0  # SSD-side hits copied into DRAM
-    ssd_direct_writes: int = 0  # keys written to SSD inside the put
-    ssd_retries: int = 0  # key writes repeated inside the put after the SSD refused them
-    ssd_refused: int = 0  # keys the SSD refused inside the put: their pages were not stored
-    writeback_queued: int = 0
-    writeback_waits: int = 0  # puts that waited for ring room
-    writeback_wait_timeouts: int = 0  # ... and gave up, writing through instead
-    writeback_done: int = 0  # keys the background thread wrote to SSD
-    writeback_retries: int = 0  # key writes the background thread repeated after a refusal
-    writeback_stalls: int = 0  # times queued keys were still refused after a fair window
-    writeback_failed: int = 0  # acknowledged keys dropped unwritten (at close, after retrying)
-    writeback_pending: int = 0  # keys in the ring, not yet on SSD (now)
-    writeback_stalled: int = 0  # 1 while queued keys wait for an SSD that keeps refusing
-    ssd_calls: int = 0
-    partial_pages_skipped: int = 0  # page writes a tier skipped: it held part of the page
-    ssd_too_large: int = 0  # keys larger than the SSD accepts (never queued)
 
 
 class TieredClient:
@@ -178,7 +155,7 @@ class TieredClient:
         n = len(keys)
         pages = range(n // ppp)
         in_dram = self._pages(self._exists(self.dram, "dram", keys), ppp)
-        on_ssd = self._pages(self._ssd_side(keys), ppp)
+        on_ssd = self._whole_again(keys, self._pages(self._ssd_side(keys), ppp), ppp)
         skipped = sum(d == "part" for d in in_dram) + sum(s == "part" for s in on_ssd)
         # DRAM takes the pages it holds no part of.
         to_dram = [p for p in pages if in_dram[p] == "none"]
@@ -211,6 +188,29 @@ class TieredClient:
         result = [on_ssd[p] == "all" or ssd_whole.get(p, False) or (not fits[p] and dram_whole[p])
                   for p in pages]
         return [result[i // ppp] for i in range(n)]
+
+    def _whole_again(self, keys: Sequence[str], on_ssd: list[str], ppp: int) -> list[str]:
+        """An SSD that can remove keys (ours: :mod:`hicache_umbp.disk`) gives up the parts it
+        still holds of a page it lost a part of, so this put writes the page whole: skipped, it
+        would stay unreadable until its other parts aged out. Not while the ring writes it."""
+        remove, ring = getattr(self.ssd, "batch_remove", None), self._ring
+        part = [p for p, state in enumerate(on_ssd) if state == "part" and not (
+            ring is not None and any(ring.pending([keys[i] for i in _keys_of([p], ppp)])))]
+        if remove is None or not part:
+            return on_ssd
+        held = [keys[i] for i in _keys_of(part, ppp)]
+        try:
+            remove(held)
+        except Exception as e:
+            self._warn.warn("ssd_remove_exception", "batch_remove raised %r", e)
+            return on_ssd
+        gone, out = self._exists(self.ssd, "ssd", held), list(on_ssd)
+        for j, p in enumerate(part):
+            if not any(gone[j * ppp : (j + 1) * ppp]):
+                out[p] = "none"
+        with self._lock:
+            self._stats.partial_pages_rewritten += sum(map(str.__ne__, out, on_ssd))
+        return out
 
     def _queue(
         self, pages: list[int], keys: Sequence[str], ptrs: Sequence[int],

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..planner.trace_model import (
-    MEASURED_BANDWIDTH,
     TIER_LABELS,
     Curve,
     Estimate,
@@ -18,12 +17,14 @@ from ..planner.trace_model import (
     curve,
     estimate,
     footprint_tokens,
+    measured_bandwidth,
     pod_model,
     replay,
     router_config,
     theoretical_hit,
     verdicts,
 )
+from ..planner.trace_model.estimate import Bandwidth
 from ..planner.trace_model.routing import RouterPolicy
 from ..planner.trace_model.tiers import SGLANG_PREFETCH_THRESHOLD, TierTokens
 from .orchestrate import Plan
@@ -54,6 +55,7 @@ class TraceReport:
     notes: tuple[str, ...]
     bandwidth: dict[str, float]
     prefill_assumed: bool
+    measured: dict[str, Bandwidth] = field(default_factory=dict)  # the defaults and sources
 
 
 def run_trace_model(p: Plan, trace: Trace, opts: TraceOptions) -> TraceReport:
@@ -61,7 +63,8 @@ def run_trace_model(p: Plan, trace: Trace, opts: TraceOptions) -> TraceReport:
     pods = opts.pods or p.spec.replicas or 1
     router = router_config(p.spec, p.router, pods, opts.router)
     prefill = opts.prefill_tokens_per_s or DEFAULT_PREFILL_TOKENS_PER_S
-    bandwidth = {t: b.gb_per_s for t, b in MEASURED_BANDWIDTH.items()} | opts.bandwidth
+    measured = measured_bandwidth(p.spec.l3.ssd.engine)
+    bandwidth = {t: b.gb_per_s for t, b in measured.items()} | opts.bandwidth
 
     def run(capacity: TierTokens) -> ReplayResult:
         return replay(trace, capacity, model.policy, pods=pods, router=router,
@@ -76,6 +79,7 @@ def run_trace_model(p: Plan, trace: Trace, opts: TraceOptions) -> TraceReport:
         curve=curve(model.capacity, run, base=base) if opts.with_curve else None,
         theoretical=theoretical_hit(trace), footprint=foot,
         verdicts=tuple(verdicts(base, est, foot)), notes=model.notes, bandwidth=bandwidth,
+        measured=measured,
         prefill_assumed=opts.prefill_tokens_per_s is None)
 
 
@@ -116,7 +120,7 @@ def render_trace_report(p: Plan, trace: Trace, report: TraceReport) -> str:
         f"(no queueing, loads not overlapped)")
     add("Bandwidths (GB/s; --bandwidth TIER=GBPS overrides): " + ", ".join(
         f"{t} {report.bandwidth[t]:g}" for t in ("host", "l3_dram", "l3_ssd")))
-    for tier, bw in MEASURED_BANDWIDTH.items():
+    for tier, bw in report.measured.items():
         if report.bandwidth[tier] == bw.gb_per_s:
             add(f"  {tier}: {bw.source}")
     if report.curve is not None:

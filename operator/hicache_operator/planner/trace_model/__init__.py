@@ -9,7 +9,7 @@ model and its assumptions.
 
 from .capacity import NoGeometry, PodModel, pod_model, router_config
 from .curve import Curve, curve
-from .estimate import MEASURED_BANDWIDTH, Estimate, estimate, verdicts
+from .estimate import MEASURED_BANDWIDTH, Estimate, estimate, measured_bandwidth, verdicts
 from .replay import ReplayResult, footprint_tokens, replay, single_lru, theoretical_hit
 from .routing import ROUTER_POLICIES, RouterConfig
 from .served import (
@@ -26,6 +26,7 @@ __all__ = [
     "BUILTIN_TRACES", "MEASURED_BANDWIDTH", "ROUTER_POLICIES", "TIERS", "TIER_LABELS", "Curve",
     "Estimate", "NoGeometry", "PodModel", "Policy", "ReplayResult", "RouterConfig", "TierTokens",
     "Trace", "TraceError", "curve", "estimate", "footprint_tokens", "load_trace",
+    "measured_bandwidth",
     "model_for_slice", "pod_model", "pressure_capacities", "prompt_ids", "prompt_text", "replay",
     "router_config", "scale_trace", "single_lru", "theoretical_hit", "verdicts",
 ]

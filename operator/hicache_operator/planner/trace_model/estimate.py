@@ -30,9 +30,19 @@ MEASURED_BANDWIDTH: dict[str, Bandwidth] = {
                             "55.2 GB/s (H200, PCIe Gen5; no MI355X measured yet)"),
     "l3_dram": Bandwidth(16.10, "docs/performance.md line 349: MLA prefetch from the UMBP DRAM "
                                 "tier through SGLang's controller, 16.10 GB/s"),
-    "l3_ssd": Bandwidth(0.10, "docs/performance.md line 435: reads back from mori 1.2.4's SSD "
-                              "tier, 0.04-0.10 GB/s (issue 24 redesigns it)"),
+    "l3_ssd": Bandwidth(0.71, "docs/performance.md line 487: our SSD tier reads DeepSeek-R1 "
+                              "pages through SGLang's controller at 0.71 GB/s, 0.97x of the "
+                              "test disk's own O_DIRECT reads (one virtio disk; give a node's "
+                              "drives with --bandwidth)"),
 }
+#: ``spec.l3.ssd.engine: mori``: mori 1.2.4's SSD node, whatever the drives.
+MORI_SSD_BANDWIDTH = Bandwidth(0.10, "docs/performance.md line 435: reads back from mori 1.2.4's "
+                                     "SSD tier, 0.04-0.10 GB/s (its staging leases bound it)")
+
+
+def measured_bandwidth(ssd_engine: str) -> dict[str, Bandwidth]:
+    """The measured bandwidth of each tier for a CR whose SSD tier is ``ssd_engine``."""
+    return MEASURED_BANDWIDTH | ({"l3_ssd": MORI_SSD_BANDWIDTH} if ssd_engine == "mori" else {})
 NEGLIGIBLE_SHARE = 0.005  # of prompt tokens: below it a tier "buys nothing"
 
 

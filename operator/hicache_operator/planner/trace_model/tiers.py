@@ -124,9 +124,9 @@ def mix64(key: int) -> int:
 class SetAssociativeTier:
     """Our SSD tier (``hicache_umbp.disk``) as it keeps pages: every page part (K and V of each
     attention-TP rank under mha, one under mla) in a slot of a ``ways``-way set its key hashes
-    to, LRU within the set. A page is readable only while all its parts are; a write finds a
-    page with any part left and stores nothing (the partial page ages out first), so one
-    evicted part loses the page until its other parts are evicted too. Keys hash to sets
+    to, LRU within the set. A page is readable only while all its parts are; a write of a
+    page with parts left removes them and stores it whole (``TieredClient._whole_again``), so
+    one evicted part loses the page until it is written again. Keys hash to sets
     independently of each other, so near its capacity the tier keeps fewer whole pages, and
     fewer long prefixes, than an LRU of the same slots (the served check measured it).
     ``entries`` holds the whole pages (key -> tokens), as :class:`LruTier`'s does."""
@@ -153,8 +153,11 @@ class SetAssociativeTier:
         return self.sets[mix64((key * 131 + part) ^ self.salt) % len(self.sets)]
 
     def add(self, key: int, tokens: int, evicted: list[tuple[int, int]] | None) -> None:
-        if not self.sets or key in self.entries or key in self.partial:
+        if not self.sets or key in self.entries:
             return
+        if self.partial.pop(key, 0):
+            for part in range(self.parts):
+                self._set(key, part).pop((key, part), None)
         for part in range(self.parts):
             ways = self._set(key, part)
             if len(ways) >= self.ways:
