@@ -19,14 +19,27 @@ SSD_DRAM = 32 * MIB
 SSD_BYTES = 512 * MIB
 
 
-def device_pool(kind: str) -> Any:
+def device_pool(kind: str, mla_layers: int = 14) -> Any:
+    """SGLang's device KV pool on CPU: ``mla`` pages of ``mla_layers`` layers (61: one
+    DeepSeek-R1 page part of 4,497,408 B), else MHA (two 512 KiB parts a page)."""
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
 
     common = dict(size=16 * PAGE, page_size=PAGE, dtype=torch.bfloat16, device="cpu",
                   enable_memory_saver=False)
     if kind == "mla":
-        return MLATokenToKVPool(kv_lora_rank=512, qk_rope_head_dim=64, layer_num=14, **common)
+        return MLATokenToKVPool(kv_lora_rank=512, qk_rope_head_dim=64, layer_num=mla_layers,
+                                **common)
     return MHATokenToKVPool(head_num=8, head_dim=128, layer_num=4, **common)
+
+
+def per_kind_summary(kinds: dict[str, dict[str, Any]], median: str,
+                     drop: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Each page kind's results for the last JSON line: floats to 3 places, the medians per
+    backend likewise, ``drop`` left out."""
+    return {kind: {k: (round(x, 3) if isinstance(x, float) else x)
+                   for k, x in v.items() if k != median and k not in drop}
+            | {median: {b: {m: round(x, 3) for m, x in d.items()} for b, d in v[median].items()}}
+            for kind, v in kinds.items()}
 
 
 def backend_config(name: str, workdir: Path, ssd: bool) -> tuple[str, dict[str, Any]]:

@@ -61,6 +61,7 @@ from backend_setup import (  # noqa: E402
     SSD_DRAM,
     backend_config,
     device_pool,
+    per_kind_summary,
 )
 
 from backend import sglang_env as E  # noqa: E402
@@ -278,11 +279,7 @@ def main() -> None:
             "ssd_bytes_file": sum(k["ssd"]["file"]["disk_bytes"] for k in kinds.values()),
             "ssd_exact_pages": {b: {kind: k["ssd"][b]["exact_pages"] for kind, k in kinds.items()}
                                 for b in BACKENDS},
-            "per_kind": {kind: {key: (round(v, 3) if isinstance(v, float) else v)
-                                for key, v in k.items() if key not in ("ssd", "median", "v1")}
-                         | {"median": {b: {m: round(x, 3) for m, x in d.items()}
-                                       for b, d in k["median"].items()}}
-                         for kind, k in kinds.items()},
+            "per_kind": per_kind_summary(kinds, "median", drop=("ssd", "v1")),
             "pages_per_round": PAGES, "rounds": ROUNDS, "page_tokens": PAGE,
         }
         print(json.dumps(result))

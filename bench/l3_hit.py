@@ -41,7 +41,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from pod.harness import Client, admin_config, load_cr, make_image, plan_pod, start_pod  # noqa: E402
+from pod.harness import Client, admin_config, load_cr, plan_pod, start_pod  # noqa: E402
+from pod.image import served_files  # noqa: E402
 from pod.node import Node  # noqa: E402
 
 LENGTHS = (256, 512, 1024, 2048, 3500)
@@ -192,22 +193,17 @@ def medians(rows: list[dict[str, float]]) -> dict[str, float]:
 
 
 def run() -> dict[str, Any]:
-    from hicache_cpu_engine.tiny_model import make_model
     from hicache_operator.builders.statefulset import REPORT_DIR
 
     per_length = int(os.environ.get("BENCH_L3_PER_LENGTH", "3"))
     root = Path(tempfile.mkdtemp(prefix="hicache-bench-l3-", dir="/var/tmp"))
-    os.chmod(root, 0o755)
-    models = root / "models"
-    make_model(models / "tiny-llama", "llama3")
-    os.chmod(models, 0o755)
+    models, image = served_files(root, "llama3")
     # The first half of each length is written before the restart and served from storage
     # after it; the second half is never seen before it and is the cold baseline there,
     # interleaved with the hits so both see the same machine (2 shared cores, other jobs).
     both = make_prompts(models / "tiny-llama", 2 * per_length)
     prompts = {n: texts[:per_length] for n, texts in both.items()}
     fresh = {n: texts[per_length:] for n, texts in both.items()}
-    image = make_image(root / "image")
     (root / "node").mkdir()
     cold: dict[int, list[tuple[str, float, float]]] = defaultdict(list)
     hits: dict[int, list[tuple[str, float, float, dict[str, Any]]]] = defaultdict(list)

@@ -39,7 +39,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from pod.harness import Client, admin_config, load_cr, make_image, plan_pod, start_pod  # noqa: E402
+from pod.harness import Client, admin_config, load_cr, plan_pod, start_pod  # noqa: E402
+from pod.image import served_files  # noqa: E402
 from pod.node import Node  # noqa: E402
 
 PROMPTS = 3
@@ -87,14 +88,8 @@ def main() -> None:
 
 
 def run_once() -> dict:  # type: ignore[type-arg]
-    from hicache_cpu_engine.tiny_model import make_model
-
     root = Path(tempfile.mkdtemp(prefix="hicache-bench-pod-", dir="/var/tmp"))
-    os.chmod(root, 0o755)
-    models = root / "models"
-    make_model(models / "tiny-llama", "llama")
-    os.chmod(models, 0o755)
-    image = make_image(root / "image")
+    models, image = served_files(root)
     (root / "node").mkdir()
     with Node(root / "node") as node:
         planned = plan_pod(load_cr("cpu/tiny-llama-standalone.yaml"), admin_config(node))

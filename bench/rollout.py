@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from pod.harness import Client, admin_config, load_cr, plan_pod, start_pod  # noqa: E402
-from pod.image import make_image  # noqa: E402
+from pod.image import served_files  # noqa: E402
 from pod.node import Node  # noqa: E402
 from pod.rollout import roll_in_place  # noqa: E402
 
@@ -84,14 +84,8 @@ def main() -> None:
     # A SIGTERM (a timeout, an interrupted run) unwinds like an exception, so the pods are closed
     # and the node gives its hugepages back.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    from hicache_cpu_engine.tiny_model import make_model
-
     root = Path(tempfile.mkdtemp(prefix="hicache-bench-rollout-", dir="/var/tmp"))
-    os.chmod(root, 0o755)
-    models = root / "models"
-    make_model(models / "tiny-llama", "llama")
-    os.chmod(models, 0o755)
-    image = make_image(root / "image")
+    models, image = served_files(root)
     old_cr, new_cr = crs()
     texts = [prompt(i) for i in range(PROMPTS)]
     c = Client(old_cr["spec"]["engine"]["port"])

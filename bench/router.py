@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from pod.cluster import served_cluster  # noqa: E402
 from pod.harness import load_cr  # noqa: E402
-from pod.image import make_image  # noqa: E402
+from pod.image import served_files  # noqa: E402
 from pod.node import Node  # noqa: E402
 from router_workload import Workload, ideal_hits, model_routing  # noqa: E402
 from support.smg import generate, generate_stream, healthy_worker_ips, wait_until  # noqa: E402
@@ -188,16 +188,11 @@ def measure() -> tuple[dict[str, dict[str, Any]], int, int]:
             "successThreshold": 1}
     cr["spec"]["router"] = {"enabled": True, "healthCheck": fast,
                             "tree": {"evictionIntervalSeconds": 2}}
-    from hicache_cpu_engine.tiny_model import make_model
-
     results: dict[str, dict[str, Any]] = {}
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-router-", dir="/var/tmp") as tmp:
         root = Path(tmp)
-        root.chmod(0o755)
-        models = root / "models"
-        make_model(models / "tiny-llama", "llama")
-        image = make_image(root / "image")
+        models, image = served_files(root)
         (root / "pods").mkdir()
         (root / "pods").chmod(0o755)
         with Node(root / "node") as node, served_cluster(root / "pods", node, image, models,

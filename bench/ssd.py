@@ -49,7 +49,7 @@ os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")  # before sglang is imported
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-import torch  # noqa: E402
+from backend_setup import device_pool, per_kind_summary  # noqa: E402
 from hicache_umbp.contract.names import dynamic_extra_config  # noqa: E402
 
 from backend import sglang_env as E  # noqa: E402
@@ -64,16 +64,6 @@ BACKENDS = ("ours", "ours+dram", "mori", "file")
 #: over a few depths is printed beside it.
 IO_THREADS = 8
 DISK_THREADS = (4, 8, 16)
-
-
-def device_pool(kind: str) -> Any:
-    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
-
-    common = dict(size=16 * PAGE, page_size=PAGE, dtype=torch.bfloat16, device="cpu",
-                  enable_memory_saver=False)
-    if kind == "r1":
-        return MLATokenToKVPool(kv_lora_rank=512, qk_rope_head_dim=64, layer_num=61, **common)
-    return MHATokenToKVPool(head_num=8, head_dim=128, layer_num=4, **common)
 
 
 def backend_config(name: str, ssd_dir: Path, capacity: int,
@@ -236,9 +226,10 @@ def _disk_stats(backend: Any) -> dict[str, int]:
 
 def bench_kind(kind: str, model: Path, workdir: Path) -> dict[str, Any]:
     _, pool_extra = backend_config("ours", workdir / "pool-config", 1 << 30)
-    stack = S.scheduler_stack(model, "mla" if kind == "r1" else "mha",
-                              pool_extra | {"host_prefault": True}, attach=False, page=PAGE,
-                              device_pool=device_pool(kind), hicache_size_gb=2)
+    layout = "mla" if kind == "r1" else "mha"
+    stack = S.scheduler_stack(model, layout, pool_extra | {"host_prefault": True}, attach=False,
+                              page=PAGE, device_pool=device_pool(layout, mla_layers=61),
+                              hicache_size_gb=2)
     page_bytes = stack.host.get_size_per_token() * PAGE
     # Room for 4 batches: a 16-way set cannot take more than 16 pages of one batch, and a
     # tier sized to one batch would sometimes get 17 in a set.
@@ -329,11 +320,7 @@ def main() -> None:
         result |= {
             "pages_exact": sum(v["pages_exact"] for v in kinds.values()),
             "pages_expected": sum(v["pages_expected"] for v in kinds.values()),
-            "per_kind": {kind: {k: (round(x, 3) if isinstance(x, float) else x)
-                                for k, x in v.items() if k != "median_gbps"}
-                         | {"median_gbps": {b: {m: round(x, 3) for m, x in d.items()}
-                                            for b, d in v["median_gbps"].items()}}
-                         for kind, v in kinds.items()},
+            "per_kind": per_kind_summary(kinds, "median_gbps"),
             "rounds": ROUNDS, "pages_per_batch": PAGES, "volume": base,
         }
         print(json.dumps(result))

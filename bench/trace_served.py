@@ -43,7 +43,7 @@ from hicache_operator.planner.trace_model import (  # noqa: E402
 )
 from pod.cluster import served_cluster  # noqa: E402
 from pod.harness import admin_config, plan_pod, start_pod  # noqa: E402
-from pod.image import make_image  # noqa: E402
+from pod.image import served_files  # noqa: E402
 from pod.node import Node  # noqa: E402
 from pod.trace_replay import (  # noqa: E402
     PAGE,
@@ -205,16 +205,11 @@ def main() -> int:
     ap.add_argument("--phases", default="single,router")
     args = ap.parse_args()
     phases = args.phases.split(",")
-    from hicache_cpu_engine.tiny_model import make_model
-
     result: dict[str, Any] = {}
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-trace-", dir="/var/tmp") as tmp:
         root = Path(tmp)
-        root.chmod(0o755)
-        models = root / "models"
-        make_model(models / "tiny-llama", "llama")
-        image = make_image(root / "image")
+        models, image = served_files(root)
         with Node(root / "node") as node:
             if "single" in phases:
                 (root / "single").mkdir()

@@ -150,3 +150,16 @@ def make_image(workdir: Path) -> Image:
     paths = _outermost([str(bin_dir), str(ROOT), sys.prefix, sys.base_prefix,
                         os.path.dirname(os.path.realpath(sys.executable))])
     return Image(bin_dir=bin_dir, env=env, paths=paths, files=files)
+
+
+def served_files(root: Path, arch: str = "llama") -> tuple[Path, Image]:
+    """What a served pod needs under ``root``, readable by the pod's uid 10001: a tiny model
+    generated here (``models/tiny-llama``, architecture ``arch``) and the engine image.
+    Returns (the models directory, the image)."""
+    from hicache_cpu_engine.tiny_model import make_model
+
+    root.chmod(0o755)
+    models = root / "models"
+    make_model(models / "tiny-llama", arch)
+    models.chmod(0o755)
+    return models, make_image(root / "image")
