@@ -268,20 +268,27 @@ def test_eviction_keeps_the_tier_within_its_size_across_restarts(tmp_path: Path)
         again.close()
 
 
+def _failing(failed_call: Callable[..., int]) -> Callable[..., None]:
+    """``Drive._io`` failing every transfer made with ``failed_call`` (os.preadv or
+    os.pwritev) with EIO, as a dying disk does; the other direction works."""
+    real = Drive._io
+
+    def io(self: Drive, call: Callable[..., int], slot: int, ptr: int, size: int) -> None:
+        if call is failed_call:
+            raise OSError(errno.EIO, "Input/output error")
+        real(self, call, slot, ptr, size)
+
+    return io
+
+
 def test_a_failing_disk_makes_pages_not_stored_never_acknowledged(tmp_path: Path,
                                                                   pages: Pages,
                                                                   monkeypatch):
     """Faked: EIO injected at the drive's transfer call, for writes only."""
     store = _open(tmp_path)
     real = Drive._io
-
-    def failing(self, call, slot, ptr, size):
-        if call is os.pwritev:
-            raise OSError(errno.EIO, "Input/output error")
-        return real(self, call, slot, ptr, size)
-
     try:
-        monkeypatch.setattr(Drive, "_io", failing)
+        monkeypatch.setattr(Drive, "_io", _failing(os.pwritev))
         assert pages.put(store, ["a", "b"]) == [False, False]
         assert store.batch_exists(["a", "b"]) == [False, False]
         stats = store.disk_stats()
@@ -296,15 +303,9 @@ def test_a_read_error_is_a_miss_never_wrong_bytes(tmp_path: Path, pages: Pages, 
     """Faked: EIO injected at the drive's transfer call, for reads only."""
     store = _open(tmp_path)
     real = Drive._io
-
-    def failing(self, call, slot, ptr, size):
-        if call is os.preadv:
-            raise OSError(errno.EIO, "Input/output error")
-        return real(self, call, slot, ptr, size)
-
     try:
         assert pages.put(store, ["a"]) == [True]
-        monkeypatch.setattr(Drive, "_io", failing)
+        monkeypatch.setattr(Drive, "_io", _failing(os.preadv))
         assert pages.get(store, ["a"]) == [False]
         assert store.disk_stats().read_errors == 1
         monkeypatch.setattr(Drive, "_io", real)

@@ -185,9 +185,8 @@ class Kubelet:
         return self._write(pod, status)
 
     def _resync_ready(self, namespace: str, name: str) -> None:
-        try:
-            pod = self.store.get(self.pods_type, namespace, name)
-        except ApiError:
+        pod = self._pod(namespace, name)
+        if pod is None:
             return
         status = dict(pod.get("status") or {})
         before = status.get("conditions") or []
@@ -221,12 +220,17 @@ class Kubelet:
         meta = event.object["metadata"]
         self._loop.call_soon(self._sync, meta["namespace"], meta["name"], uid)
 
-    def _sync(self, namespace: str, name: str, uid: str) -> None:
+    def _pod(self, namespace: str, name: str, uid: str | None = None) -> Obj | None:
+        """The pod as stored now, None when it is gone or (``uid``) replaced by another."""
         try:
             pod = self.store.get(self.pods_type, namespace, name)
         except ApiError:
-            return
-        if pod["metadata"]["uid"] != uid:
+            return None
+        return None if uid is not None and pod["metadata"]["uid"] != uid else pod
+
+    def _sync(self, namespace: str, name: str, uid: str) -> None:
+        pod = self._pod(namespace, name, uid)
+        if pod is None:
             return
         states = self._states(pod)
         restarted = []
@@ -274,11 +278,8 @@ class Kubelet:
 
     def _run_once(self, namespace: str, name: str, uid: str) -> None:
         """Pull the pod's image on its node, then run it to completion (or fail the pull)."""
-        try:
-            pod = self.store.get(self.pods_type, namespace, name)
-        except ApiError:
-            return
-        if pod["metadata"]["uid"] != uid:
+        pod = self._pod(namespace, name, uid)
+        if pod is None:
             return
         [container] = pod["spec"]["containers"]
         image = str(container.get("image", ""))
@@ -296,12 +297,9 @@ class Kubelet:
 
     def _probe_passes(self, namespace: str, name: str, uid: str, container: str,
                       container_id: str) -> None:
-        try:
-            pod = self.store.get(self.pods_type, namespace, name)
-        except ApiError:
-            return
+        pod = self._pod(namespace, name, uid)
         state = self.containers.get(uid, {}).get(container)
-        if pod["metadata"]["uid"] != uid or state is None or \
+        if pod is None or state is None or \
                 state.container_id != container_id or not state.running:
             return
         state.ready = True

@@ -6,7 +6,8 @@ no test retypes a ``HICACHE_*`` name.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import socket
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,3 +58,22 @@ def io_uring_ok() -> str | None:
 
 def io_uring_blocked() -> str | None:
     return "io_uring_setup failed with EPERM: blocked (seccomp profile or kernel.io_uring_disabled)"
+
+
+@pytest.fixture
+def listeners() -> Iterator[list[socket.socket]]:
+    """UNIX sockets a test listens on (a standalone sidecar's), closed after it."""
+    socks: list[socket.socket] = []
+    yield socks
+    for s in socks:
+        s.close()
+
+
+def listen_on(node: FakeNode, path: str, socks: list[socket.socket]) -> None:
+    """Listen on the node's ``path`` as a running sidecar does (added to ``socks``)."""
+    host = node.p(path)
+    host.parent.mkdir(parents=True, exist_ok=True)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(host))
+    s.listen(4)
+    socks.append(s)

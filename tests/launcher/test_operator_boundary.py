@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,14 +54,6 @@ class SizedNodeRoot(NodeRoot):
 def _objects(p: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     by_kind = {o["kind"]: o for o in p.objects}
     return by_kind["ConfigMap"], by_kind["StatefulSet"]
-
-
-@pytest.fixture
-def listeners() -> Iterator[list[socket.socket]]:
-    socks: list[socket.socket] = []
-    yield socks
-    for s in socks:
-        s.close()
 
 
 def _resolved_env(configmap: dict[str, Any], sts: dict[str, Any],

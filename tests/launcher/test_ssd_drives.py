@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from hicache_umbp.launch.run import plan_launch
 from hicache_umbp.launch.ssd import drive_need
 from hicache_umbp.launch.standalone import socket_paths
 
-from .conftest import launch_env
+from .conftest import launch_env, listen_on
 from .fakenode import GIB, MIB, FakeNode
 
 DRIVES = "/mnt/umbp-ssd,/mnt/umbp-ssd-1"
@@ -134,14 +133,6 @@ def test_an_unwritable_drive_names_it_and_the_errno(mi355x: FakeNode) -> None:
     assert "(errno EISDIR)" in str(err)
 
 
-@pytest.fixture
-def listeners() -> Iterator[list[socket.socket]]:
-    socks: list[socket.socket] = []
-    yield socks
-    for s in socks:
-        s.close()
-
-
 def test_standalone_waits_only_for_the_dram_sidecar_and_checks_the_drives(
         mi355x: FakeNode, listeners: list[socket.socket]) -> None:
     """Standalone with the hicache engine: the engine holds the SSD tier, so there is no
@@ -152,12 +143,7 @@ def test_standalone_waits_only_for_the_dram_sidecar_and_checks_the_drives(
     store = load_store_config({}, launch_env(**{**OURS, **env}))
     assert socket_paths(store) == ("/run/umbp/dram.sock", "/run/umbp/dram.sock.fd.sock")
     for p in socket_paths(store):
-        host = mi355x.p(p)
-        host.parent.mkdir(parents=True, exist_ok=True)
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.bind(str(host))
-        s.listen(4)
-        listeners.append(s)
+        listen_on(mi355x, p, listeners)
     _drives(mi355x)
     plan = _plan(mi355x, **env)
     assert plan.report["standalone"]["sockets"] == list(socket_paths(store))

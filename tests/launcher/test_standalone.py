@@ -8,7 +8,6 @@ waiting on the wall clock.
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 
 import pytest
 from hicache_umbp.contract.load import load_store_config, render_env
@@ -17,7 +16,7 @@ from hicache_umbp.launch.noderoot import NodeRoot
 from hicache_umbp.launch.run import plan_launch
 from hicache_umbp.launch.standalone import socket_paths, wait_for_sidecars
 
-from .conftest import io_uring_ok, launch_env
+from .conftest import io_uring_ok, launch_env, listen_on
 from .fakenode import FakeNode
 
 
@@ -37,23 +36,6 @@ class FakeTime:
             action = self.on_sleep.pop(0)
             if callable(action):
                 action()
-
-
-@pytest.fixture
-def listeners() -> Iterator[list[socket.socket]]:
-    socks: list[socket.socket] = []
-    yield socks
-    for s in socks:
-        s.close()
-
-
-def _listen(node: FakeNode, path: str, socks: list[socket.socket]) -> None:
-    host = node.p(path)
-    host.parent.mkdir(parents=True, exist_ok=True)
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.bind(str(host))
-    s.listen(4)
-    socks.append(s)
 
 
 def _stale(node: FakeNode, path: str) -> None:
@@ -82,7 +64,7 @@ def test_ready_sidecars_pass_on_the_first_poll(
     node: FakeNode, listeners: list[socket.socket]
 ) -> None:
     for p in socket_paths(_store(ssd=True)):
-        _listen(node, p, listeners)
+        listen_on(node, p, listeners)
     t = FakeTime()
     result = wait_for_sidecars(NodeRoot(node.root), _store(ssd=True), clock=t.clock, sleep=t.sleep)
     assert result.polls == 1 and t.sleeps == []
@@ -97,7 +79,7 @@ def test_wait_polls_until_the_sidecar_listens(
     def sidecar_starts() -> None:
         node.p("/run/umbp/dram.sock").unlink()
         for p in socket_paths(_store()):
-            _listen(node, p, listeners)
+            listen_on(node, p, listeners)
 
     t.on_sleep = [None, None, sidecar_starts]
     result = wait_for_sidecars(NodeRoot(node.root), _store(), clock=t.clock, sleep=t.sleep)
@@ -124,7 +106,7 @@ def test_standalone_launch_renders_no_embedded_keys(
     mi355x: FakeNode, listeners: list[socket.socket]
 ) -> None:
     for p in socket_paths(_store()):
-        _listen(mi355x, p, listeners)
+        listen_on(mi355x, p, listeners)
     env = launch_env(umbp_mode="standalone", umbp_dram_bytes=None, umbp_socket_dir="/run/umbp")
     plan = plan_launch(env, NodeRoot(mi355x.root), io_uring_probe=io_uring_ok)
     assert plan.report["standalone"]["sockets"] == list(socket_paths(_store()))
