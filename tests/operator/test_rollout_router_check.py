@@ -137,3 +137,25 @@ def test_a_serving_check_holds_the_next_pod_until_the_restarted_one_is_back() ->
     asked.clear()
     done = [_api_pod(new, i, NEW) for i in range(3)]
     assert run(done) is not None and asked == []  # no rollout: the router is not asked
+
+
+def test_the_router_drains_pods_whose_gate_is_closed_and_that_are_not_ready() -> None:
+    """``inplace.draining_ips``: the pods the operator takes out of the router's workers are
+    those its in-place update closed the gate of (reason InPlaceUpdate) and that the kubelet
+    reports not Ready; a pod still Ready would be registered again by smg's discovery at its
+    next event, and a pod not Ready for another reason is the health checks' business."""
+    from hicache_operator.builders.context import IN_PLACE_READY_GATE
+    from hicache_operator.controller.rollout_steps import GATE_DRAINING
+
+    def pod(name: str, ip: str, gate: str, reason: str, ready: str) -> dict[str, Any]:
+        return {"metadata": {"name": name},
+                "spec": {"readinessGates": [{"conditionType": IN_PLACE_READY_GATE}]},
+                "status": {"podIP": ip, "conditions": [
+                    {"type": IN_PLACE_READY_GATE, "status": gate, "reason": reason},
+                    {"type": "Ready", "status": ready}]}}
+
+    pods = [pod("a-0", "10.0.0.1", "False", GATE_DRAINING, "False"),  # draining
+            pod("a-1", "10.0.0.2", "False", GATE_DRAINING, "True"),  # the kubelet not there yet
+            pod("a-2", "10.0.0.3", "True", "EngineReady", "False"),  # not ready for itself
+            {**pod("a-3", "10.0.0.4", "False", GATE_DRAINING, "False"), "spec": {}}]  # no gate
+    assert inplace.draining_ips(pods) == {"10.0.0.1"}

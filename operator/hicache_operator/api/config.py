@@ -232,8 +232,9 @@ class RolloutConfig(ApiModel):
         le=3600,
         description="After the operator sets a pod's readiness gate "
         "(hicache.sglang.ai/in-place-ready) False, it waits this long before it restarts the "
-        "engine in place, so the Service's endpoints and the router stop sending it requests "
-        "first (smg drops a worker once its health checks fail: about 30 s).",
+        "engine in place, so the Service's endpoints stop sending it requests first. The "
+        "operator also takes the pod out of every router pod's worker list (smg keeps routing "
+        "to a pod that is not Ready while its engine is healthy); its next Ready adds it back.",
     )
     prepull: bool = Field(
         default=True,

@@ -27,6 +27,7 @@ from . import diff, kubectl, metrics, rollout, status
 from .apply import ChildKey
 from .kube import KubeClient, KubeError
 from .logs import cr_logger
+from .router_status import RouterReader, router_pod_selector, router_serving
 from .transitions import Event
 
 Obj = dict[str, Any]
@@ -139,6 +140,40 @@ async def decide(planned: Any, cr: Mapping[str, Any], desired: dict[ChildKey, Ob
         cm["data"] = dict(sorted({**kept, **cm["data"]}.items()))
         desired[cm_key] = cm
     return decision
+
+
+def draining_ips(pods: Sequence[Mapping[str, Any]]) -> frozenset[str]:
+    """The IPs of the pods an in-place update is taking out of rotation: the operator's
+    readiness gate False for it and the pod not Ready (the kubelet has seen the gate), so a
+    router that re-registers pods on their Ready events does not take them back."""
+    from .rollout_pods import gate, has_gate, pod_ready
+    from .rollout_steps import GATE_DRAINING
+
+    return frozenset(
+        str(p["status"]["podIP"]) for p in pods
+        if has_gate(p) and (p.get("status") or {}).get("podIP") and not pod_ready(p)
+        and (gate(p) or {}).get("status") == "False"
+        and (gate(p) or {}).get("reason") == GATE_DRAINING)
+
+
+async def drain_router(kube: KubeClient, reader: RouterReader, planned: Any,
+                       live: Mapping[ChildKey, Obj], pods: Sequence[Obj],
+                       key: tuple[str, str]) -> list[Event]:
+    """Take the pods an in-place update drains (:func:`draining_ips`) out of every router
+    replica's worker list before their engines restart (``RouterReader.drain``)."""
+    draining = draining_ips(pods)
+    if not draining or getattr(planned, "router", None) is None or \
+            not router_serving(live, key[1]):
+        return []
+    router_pods = await kube.list("v1", "Pod", key[0], router_pod_selector(key[1]))
+    removed, errors = await reader.drain(router_pods, planned.spec.router.port, draining)
+    for error in errors:
+        cr_logger(*key).warning("could not take a draining pod out of the router: %s", error)
+    if not removed:
+        return []
+    return [Event("Normal", "RouterDrained", f"took {', '.join(sorted(set(removed)))} out of "
+                  f"the router's workers ({len(removed)} removal(s) over the router pods) "
+                  "before the in-place restart")]
 
 
 _SKIPPED = (404, 409, 422)  # the pod changed or went meanwhile: the next reconcile decides again

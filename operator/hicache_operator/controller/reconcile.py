@@ -351,6 +351,8 @@ class Reconciler:
             outcome = _with_rejections(outcome, rejections)
         if applied:
             events.append(Event("Normal", "Applied", "; ".join(applied)))
+        events.extend(await inplace.drain_router(self.kube, self.router_reader, planned, live,
+                                                 pods, (namespace, name)))
         step = await inplace.send_patches(self.kube, body, decision)
         writes += step.writes
         events.extend(step.events)

@@ -90,6 +90,39 @@ async def read_workers(session: aiohttp.ClientSession, pod_ip: str, port: int,
         return RouterObservation(None, error="GET /workers answered no JSON")
 
 
+async def remove_workers(session: aiohttp.ClientSession, router_ip: str, port: int,
+                         pod_ips: frozenset[str], timeout_s: float) -> tuple[list[str], str]:
+    """Take the workers at ``pod_ips`` out of one router (``DELETE /workers/{id}``, smg
+    1.13.0: 202 and the worker is gone). Returns (the URLs removed, why not all could be)."""
+    host = f"[{router_ip}]" if ":" in router_ip else router_ip
+    base, limit = f"http://{host}:{port}", aiohttp.ClientTimeout(total=timeout_s)
+    removed: list[str] = []
+    try:
+        async with session.get(f"{base}/workers", timeout=limit) as response:
+            if response.status != 200:
+                return removed, f"GET /workers answered {response.status}"
+            payload = json.loads(await response.content.read(MAX_BODY))
+        for worker in payload.get("workers") or []:
+            url = str(worker.get("url", ""))
+            if urlsplit(url).hostname not in pod_ips or not worker.get("id"):
+                continue
+            async with session.delete(f"{base}/workers/{worker['id']}",
+                                      timeout=limit) as response:
+                if response.status not in (200, 202, 204, 404):
+                    return removed, f"DELETE /workers/{{id}} of {url} answered {response.status}"
+            removed.append(url)
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, AttributeError) \
+            as exc:
+        return removed, f"{type(exc).__name__} {exc}"
+    return removed, ""
+
+
+def ready_router_ips(pods: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The IPs of the ready router pods."""
+    return [str(p["status"]["podIP"]) for p in pods
+            if (p.get("status") or {}).get("podIP") and _ready_since(p) is not None]
+
+
 def router_pod_ip(pods: Sequence[Mapping[str, Any]]) -> str | None:
     """The IP of the first ready router pod (by name), if any."""
     for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("name", "")):
@@ -189,6 +222,23 @@ class RouterReader:
             observation = await read_workers(self._session_for_loop(), ip, port, self.timeout_s)
         self._last[key] = observation
         return observation
+
+    async def drain(self, router_pods: Sequence[Mapping[str, Any]], port: int,
+                    pod_ips: frozenset[str]) -> tuple[list[str], list[str]]:
+        """Take the engine pods at ``pod_ips`` out of every ready router's worker list (each
+        router replica keeps its own). smg keeps routing to a pod whose readiness gate made it
+        not Ready (it drops a worker only when the pod is deleted or its health checks fail,
+        and the engine is healthy), so a gate alone does not drain the router; the pod's next
+        Ready event (the gate True again) registers it anew. Returns (removed, errors)."""
+        removed: list[str] = []
+        errors: list[str] = []
+        for ip in ready_router_ips(router_pods):
+            got, error = await remove_workers(self._session_for_loop(), ip, port, pod_ips,
+                                              self.timeout_s)
+            removed += got
+            if error:
+                errors.append(f"router pod {ip}: {error}")
+        return removed, errors
 
     def last(self, key: tuple[str, str]) -> RouterObservation | None:
         return self._last.get(key)
