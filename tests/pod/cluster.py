@@ -41,7 +41,7 @@ from typing import Any
 from .image import Image
 from .network import PodInterface, PodNetwork, remove_stale
 from .node import Node
-from .podspec import PodMeta
+from .podspec import PodMeta, containers_in_start_order
 from .router_image import make_router_image
 from .runtime import Pod
 
@@ -103,6 +103,9 @@ class Running:
     since: str = field(default_factory=_now)
     failed: str = ""
     reported: dict[str, Any] = field(default_factory=dict)
+    containers_since: str = field(default_factory=_now)
+    containers_ready: bool = False
+    updating: bool = False  # a Pod.update (labels, annotations, images) is being acted on
 
 
 class Kubelet:
@@ -149,8 +152,21 @@ class Kubelet:
         for name, pod in pods.items():
             if name not in self.running and not pod["metadata"].get("deletionTimestamp"):
                 self._start_pod(pod)
+        configmaps = None
         for run in list(self.running.values()):
-            self._report(run)
+            pod = pods.get(run.name)
+            if pod is not None and run.pod is not None and not run.router:
+                # A container's envFrom is resolved when it starts, from the ConfigMap as it
+                # is then (a new configuration revision the operator added meanwhile).
+                if configmaps is None:
+                    configmaps = {c["metadata"]["name"]: dict(c.get("data") or {})
+                                  for c in self.api.list(
+                                      f"/api/v1/namespaces/{self.namespace}/configmaps")}
+                run.pod.configmaps.update(configmaps)
+            if pod is not None and run.pod is not None and not run.updating:
+                self._update(run, pod)
+            if pod is not None:
+                self._report(run, pod)
 
     # ------------------------------------------------------------------ pods
     def _start_pod(self, pod: dict[str, Any]) -> None:
@@ -209,26 +225,70 @@ class Kubelet:
             run.pod.close()
         self.network.remove_pod(name)
 
-    def _is_ready(self, run: Running) -> bool:
-        """Every app container's readiness probe passes (the pod's Ready condition)."""
+    def _update(self, run: Running, pod: dict[str, Any]) -> None:
+        """A pod update in the API (labels, annotations, container images: the Pod update
+        rule) acted on as the kubelet does (``runtime.Pod.update``), in its own thread: an
+        image change restarts that container through its preStop."""
+        assert run.pod is not None
+        meta = pod["metadata"]
+        labels, annotations = dict(meta.get("labels") or {}), dict(meta.get("annotations") or {})
+        images = {c["name"]: c.get("image") for c, _ in containers_in_start_order(pod["spec"])}
+        spec = copy.deepcopy(run.pod.spec)
+        for c, _ in containers_in_start_order(spec):
+            c["image"] = images.get(c["name"], c.get("image"))
+        if (labels, annotations, spec) == (run.pod.meta.labels, run.pod.meta.annotations,
+                                           run.pod.spec):
+            return
+        run.updating = True
+
+        def act() -> None:
+            try:
+                assert run.pod is not None
+                run.pod.update(labels, annotations, spec)
+            finally:
+                run.updating = False
+
+        threading.Thread(target=act, daemon=True, name=f"update-{run.name}").start()
+
+    @staticmethod
+    def _containers_ready(run: Running) -> bool:
+        """Every app container's readiness probe passes (the pod's ContainersReady)."""
         if run.pod is None:
             return False
         apps = [c for c in run.pod.containers if c.role == "app"]
         return bool(apps) and all(c.ready for c in apps)
 
-    def _report(self, run: Running) -> None:
-        ready = self._is_ready(run)
+    def _report(self, run: Running, pod: dict[str, Any]) -> None:
+        """The pod's status as the kubelet writes it: ContainersReady from the probes, Ready
+        from those and every readiness gate's condition (which others write: kept as they
+        are), the app containers' statuses (a restart is a new container ID)."""
+        containers = self._containers_ready(run)
+        gates = [g["conditionType"] for g in pod["spec"].get("readinessGates") or []]
+        conditions = {c["type"]: c for c in (pod.get("status") or {}).get("conditions") or []}
+        ready = containers and all(conditions.get(g, {}).get("status") == "True" for g in gates)
         if ready != run.ready:
             run.ready, run.since = ready, _now()
+        if containers != run.containers_ready:
+            run.containers_ready, run.containers_since = containers, _now()
         status = {"phase": "Running", "podIP": run.iface.ip, "podIPs": [{"ip": run.iface.ip}],
                   "hostIP": self.network.gateway,
-                  "conditions": [{"type": "Ready", "status": str(ready),
-                                  "lastTransitionTime": run.since}]}
+                  "conditions": [{"type": "ContainersReady", "status": str(containers),
+                                  "lastTransitionTime": run.containers_since},
+                                 {"type": "Ready", "status": str(ready),
+                                  "lastTransitionTime": run.since},
+                                 *(conditions[g] for g in gates if g in conditions)],
+                  "containerStatuses": [_container_status(run, c) for c in (
+                      run.pod.containers if run.pod is not None else []) if c.role == "app"]}
         if status == run.reported:
             return
-        with contextlib.suppress(AssertionError):  # the pod is gone: the next sync sees it
-            self.api.merge_patch(f"/api/v1/namespaces/{self.namespace}/pods/{run.name}/status",
-                                 {"status": status})
+        # A JSON patch guarded by the pod's resourceVersion: a gate condition the operator
+        # writes meanwhile is never overwritten (the next sync reads it and reports again).
+        with contextlib.suppress(AssertionError):  # gone or changed: the next sync sees it
+            self.api.request("PATCH", f"/api/v1/namespaces/{self.namespace}/pods/{run.name}"
+                             "/status", [{"op": "test", "path": "/metadata/resourceVersion",
+                                          "value": pod["metadata"]["resourceVersion"]},
+                                         {"op": "add", "path": "/status", "value": status}],
+                             "application/json-patch+json")
             run.reported = status
 
     # ------------------------------------------------------------------ test controls
@@ -253,7 +313,17 @@ class Kubelet:
 def _meta(pod: dict[str, Any], run: Running) -> PodMeta:
     meta = pod["metadata"]
     return PodMeta(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"],
-                   pod_ip=run.iface.ip, labels=dict(meta.get("labels") or {}))
+                   pod_ip=run.iface.ip, labels=dict(meta.get("labels") or {}),
+                   annotations=dict(meta.get("annotations") or {}))
+
+
+def _container_status(run: Running, c: Any) -> dict[str, Any]:
+    """One container's status: a new ID per start (what tells the operator it restarted)."""
+    running = c.running()
+    return {"name": c.name, "image": c.spec.get("image", ""), "ready": bool(c.ready),
+            "restartCount": c.restarts, "started": running,
+            "containerID": f"pod-tier://{run.name}/{c.name}/{c.generation}",
+            "state": {"running": {}} if running else {"waiting": {"reason": "ContainerCreating"}}}
 
 
 def _subdir(parent: Path, name: str) -> Path:
@@ -272,10 +342,11 @@ def _cgroup_pids(cgroup: Path) -> list[int]:
 
 @contextlib.contextmanager
 def served_cluster(workdir: Path, node: Node, image: Image, models_dir: Path,
-                   namespace: str) -> Iterator[tuple[Api, Kubelet, PodNetwork]]:
+                   namespace: str, **admin: Any) -> Iterator[tuple[Api, Kubelet, PodNetwork]]:
     """A pod network, the control plane on its bridge (``control_plane.py``: the API emulator
-    and the operator watching ``namespace``), and a kubelet running its pods; yields (the API,
-    the kubelet, the network). Everything is stopped and removed afterwards."""
+    and the operator watching ``namespace``, configured by ``harness.admin_config(node,
+    **admin)``), and a kubelet running its pods; yields (the API, the kubelet, the network).
+    Everything is stopped and removed afterwards."""
     if not VENV_PYTHON.exists():
         raise AssertionError(f"{VENV_PYTHON} missing: run `make venv`")
     remove_stale()
@@ -285,8 +356,8 @@ def served_cluster(workdir: Path, node: Node, image: Image, models_dir: Path,
         log = stack.enter_context(open(workdir / "control-plane.log", "wb"))
         from .harness import admin_config
 
-        config = admin_config(node).model_dump(by_alias=True, exclude_defaults=True,
-                                               mode="json")
+        config = admin_config(node, **admin).model_dump(by_alias=True, exclude_defaults=True,
+                                                        mode="json")
         plane = subprocess.Popen(
             [str(VENV_PYTHON), str(Path(__file__).with_name("control_plane.py")), net.gateway,
              namespace, str(kubeconfig), json.dumps(config)], stdin=subprocess.PIPE,
