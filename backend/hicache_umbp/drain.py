@@ -25,20 +25,21 @@ stops is a page the restarted engine misses.
 
 Prints one line; exits 1 when requests were still in flight at the timeout, which the kubelet
 reports as a ``FailedPreStopHook`` event with that line (it sends SIGTERM either way).
-Standard library and the contract's metric names only (the operator reads the same).
+The page is read with prometheus_client's parser (``contract.exposition``), as the operator
+reads it.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 
+from .contract import exposition
 from .contract.names import (
     SGLANG_L2_BACKUP_METRIC,
     SGLANG_L3_BACKUP_METRIC,
@@ -51,31 +52,29 @@ IN_FLIGHT_METRICS = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
 #: stops waiting (a tier refusing writes, or a write policy that backs up only some pages).
 L3_CATCH_UP_TIMEOUT_S = 60.0
 L3_STALL_S = 5.0
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def _samples(metrics_text: str, names: tuple[str, ...]) -> list[exposition.Sample]:
+    """The page's samples of ``names``; none when a line of them is not valid exposition text
+    (read as "not exported": the drain never waits on a page it cannot read)."""
+    try:
+        return exposition.samples(metrics_text, names)
+    except exposition.ExpositionError:
+        return []
 
 
 def in_flight(metrics_text: str) -> int:
     """Requests running or queued, summed over every rank's sample."""
-    total = 0.0
-    for line in metrics_text.splitlines():
-        m = _SAMPLE.match(line)
-        if m and m.group(1) in IN_FLIGHT_METRICS:
-            total += float(m.group(3))
-    return int(total)
+    return int(sum(s.value for s in _samples(metrics_text, IN_FLIGHT_METRICS)))
 
 
 def rank_reduced(metrics_text: str, name: str) -> float | None:
     """``name``'s value: the largest of the ranks' copies, summed over the other label sets;
     None when no sample of it is exported."""
     groups: dict[tuple[tuple[str, str], ...], float] = {}
-    for line in metrics_text.splitlines():
-        m = _SAMPLE.match(line)
-        if not m or m.group(1) not in (name, name.removesuffix("_total")):
-            continue
-        labels = tuple(sorted((k, v) for k, v in _LABEL.findall(m.group(2) or "")
-                              if k not in SGLANG_RANK_LABELS))
-        groups[labels] = max(groups.get(labels, 0.0), float(m.group(3)))
+    for s in _samples(metrics_text, (name, name.removesuffix("_total"))):
+        labels = tuple(sorted((k, v) for k, v in s.labels.items() if k not in SGLANG_RANK_LABELS))
+        groups[labels] = max(groups.get(labels, 0.0), s.value)
     return sum(groups.values()) if groups else None
 
 

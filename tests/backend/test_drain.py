@@ -116,3 +116,19 @@ sglang:backuped_tokens_total{storage_backend="dynamic",tp_rank="0",dp_rank="0"} 
 sglang:backuped_tokens_total{storage_backend="dynamic",tp_rank="0",dp_rank="1"} 10
 """
     assert l3_behind(page) == (150.0, 110.0)
+
+
+def test_the_drain_reads_the_page_as_the_operator_does() -> None:
+    """One parser (prometheus_client's, ``contract.exposition``) for the drain and the
+    operator's cache status: escaped label values and exponents read alike; a page whose
+    wanted lines are broken reads as "not exported", so the drain never waits on it."""
+    from hicache_operator.cachestats.sglang_metrics import parse_samples
+
+    page = ('sglang:num_running_reqs{model_name="a \\"b\\"",tp_rank="0"} 2e0\n'
+            'sglang:num_queue_reqs{model_name="a \\"b\\"",tp_rank="0"} 1\n')
+    assert in_flight(page) == 3
+    assert [(s.labels["model_name"], s.value) for s in parse_samples(
+        page, ("sglang:num_running_reqs",))] == [('a "b"', 2.0)]
+    assert in_flight("sglang:num_running_reqs{tp_rank=0} 4\n") == 0
+    assert rank_reduced("sglang:hicache_backup_tokens_total 1,5\n",
+                        "sglang:hicache_backup_tokens_total") is None

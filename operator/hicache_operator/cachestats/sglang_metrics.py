@@ -67,6 +67,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from hicache_umbp.contract import exposition
 from hicache_umbp.contract.names import (
     SGLANG_L2_BACKUP_METRIC,
     SGLANG_L3_BACKUP_METRIC,
@@ -111,71 +112,16 @@ FAILING_WRITE_RATIO = 0.5
 MIN_BACKUP_TOKENS = 256
 
 
-@dataclass(frozen=True)
-class Sample:
-    name: str
-    labels: Mapping[str, str]
-    value: float
-
-
-class MetricsFormatError(ValueError):
-    """A line of a wanted family that is not valid exposition text."""
-
-
-def _parse_labels(text: str, line: str) -> tuple[dict[str, str], str]:
-    """``a="x",b="y"} rest`` -> labels and the text after ``}`` (label values may escape)."""
-    labels: dict[str, str] = {}
-    i = 0
-    while True:
-        while i < len(text) and text[i] in " ,":
-            i += 1
-        if i < len(text) and text[i] == "}":
-            return labels, text[i + 1:]
-        eq = text.find("=", i)
-        if eq < 0 or eq + 1 >= len(text) or text[eq + 1] != '"':
-            raise MetricsFormatError(f"bad labels in {line!r}")
-        key, i, value = text[i:eq].strip(), eq + 2, []
-        while i < len(text) and text[i] != '"':
-            if text[i] == "\\" and i + 1 < len(text):
-                value.append({"n": "\n", '"': '"', "\\": "\\"}.get(text[i + 1], text[i + 1]))
-                i += 2
-            else:
-                value.append(text[i])
-                i += 1
-        if i >= len(text):
-            raise MetricsFormatError(f"unterminated label value in {line!r}")
-        labels[key] = "".join(value)
-        i += 1
+#: One sample of a wanted family (``hicache_umbp.contract.exposition``: prometheus_client's
+#: parser, shared with the engine's drain).
+Sample = exposition.Sample
+#: A line of a wanted family that is not valid exposition text.
+MetricsFormatError = exposition.ExpositionError
 
 
 def parse_samples(text: str, families: Sequence[str] = FAMILIES) -> list[Sample]:
-    """The samples of ``families`` in exposition ``text``; other lines are skipped unparsed
-    (a real ``/metrics`` page holds hundreds of histogram lines the operator never reads)."""
-    wanted = tuple(families)
-    out: list[Sample] = []
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line.startswith(wanted):
-            continue  # comments, blank lines and other families
-        brace = line.find("{")
-        space = line.find(" ")
-        if brace >= 0 and (space < 0 or brace < space):
-            name = line[:brace]
-            labels, rest = _parse_labels(line[brace + 1:], line)
-        else:
-            name, _, rest = line.partition(" ")
-            labels = {}
-        if name not in wanted:
-            continue  # a longer name sharing the prefix (e.g. *_total_created)
-        parts = rest.split()
-        if not parts:
-            raise MetricsFormatError(f"no value in {line!r}")
-        try:
-            value = float(parts[0])
-        except ValueError:
-            raise MetricsFormatError(f"bad value in {line!r}") from None
-        out.append(Sample(name, labels, value))
-    return out
+    """The samples of ``families`` in exposition ``text`` (other families are not parsed)."""
+    return exposition.samples(text, families)
 
 
 def _rank_reduced(samples: Iterable[Sample]) -> float:
