@@ -25,19 +25,27 @@ def _minimal(name: str) -> dict[str, Any]:
     return example(next(p for p in EXAMPLES if "minimal" in p.stem), name)
 
 
-def test_a_new_crs_status_is_written_once_the_steady_one(cluster: Cluster, operator: Any) -> None:
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_new_crs_status_is_written_once_the_steady_one(cluster: Cluster, operator: Any,
+                                                         replicas: int) -> None:
     """The status written at creation already holds what the first resyncs compute (the cache
-    block's window and the pods read so far), so nothing is rewritten while nothing changes."""
+    block's window and the pods read so far; with 2 replicas the router block, whose message
+    the resync timer computed first, so a second write added it), so nothing is rewritten
+    while nothing changes."""
     cluster.emu.call(lambda store: store.listeners.clear())  # no StatefulSet controller: no pods
-    cluster.apply(_minimal("once"))
+    cr = _minimal("once")
+    cr["spec"]["replicas"] = replicas  # 2: the router is on by default
+    cluster.apply(cr)
     cluster.wait(lambda: ((cluster.cr("once") or {}).get("status") or {}).get(
         "observedGeneration") == 1, "the first status")
     time.sleep(4 * RESYNC_S)  # four resyncs, each scraping the (no) ready pods
     status_writes = [w for w in cluster.emu.writes()
                      if w.plural == "sglanghicaches" and w.subresource == "status"]
     assert len(status_writes) == 1, [w.body_keys for w in status_writes]
-    cache = (cluster.cr("once") or {})["status"]["cache"]
-    assert (cache["windowSeconds"], cache["pods"]) == (300, 0)
+    status = (cluster.cr("once") or {})["status"]
+    assert (status["cache"]["windowSeconds"], status["cache"]["pods"]) == (300, 0)
+    if replicas > 1:
+        assert status["router"]["message"] == "no ready router pod to ask", status["router"]
 
 
 def test_a_plan_warning_is_posted_when_it_appears_or_changes(

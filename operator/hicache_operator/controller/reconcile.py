@@ -415,7 +415,7 @@ class Reconciler:
             return None, []
         namespace, name = key
         deployment = live.get(("apps/v1", "Deployment", f"{name}-router"))
-        if trigger == "timer":
+        if trigger == "timer" or self.router_reader.last(key) is None:  # first: steady status
             router_pods = await self.kube.list("v1", "Pod", namespace,
                                                router_pod_selector(name))
             await self.router_reader.observe(key, router_pods, planned.spec.router.port)
