@@ -109,9 +109,10 @@ class Client:
     def __init__(self, port: int, host: str = "127.0.0.1") -> None:
         self.base = f"http://{host}:{port}"
 
-    def generate(self, text: str, max_new_tokens: int = 8) -> dict[str, Any]:
+    def generate(self, text: str, max_new_tokens: int = 8, **fields: Any) -> dict[str, Any]:
+        """``POST /generate``, greedy; ``fields`` go into the request (e.g. ``cache_salt``)."""
         body = json.dumps({"text": text, "sampling_params": {
-            "max_new_tokens": max_new_tokens, "temperature": 0}}).encode()
+            "max_new_tokens": max_new_tokens, "temperature": 0}, **fields}).encode()
         req = urllib.request.Request(f"{self.base}/generate", body,
                                      {"content-type": "application/json"})
         t0 = time.perf_counter()
