@@ -9,7 +9,6 @@ import json
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
 from hicache_umbp.contract.builtin import PREFAULT_THREADS_REFUSAL, SSD_REFUSAL
@@ -24,7 +23,7 @@ from hicache_umbp.launch.errors import LaunchError
 from hicache_umbp.launch.noderoot import NodeRoot
 from hicache_umbp.launch.run import plan_launch
 
-from .conftest import io_uring_ok, launch_env
+from .conftest import io_uring_ok, launch_env, listen_on
 from .fakenode import GIB, MIB, FakeNode
 from .test_command import REPO
 
@@ -84,19 +83,10 @@ def test_embedded_on_one_numa_node_renders_the_node(mi355x: FakeNode) -> None:
 
 
 @pytest.fixture
-def sidecar(mi355x: FakeNode) -> Iterator[None]:
+def sidecar(mi355x: FakeNode, listeners: list[socket.socket]) -> None:
     """A listening DRAM sidecar (both of its sockets) under /run/umbp."""
-    socks = []
     for path in ("/run/umbp/dram.sock", "/run/umbp/dram.sock.fd.sock"):
-        host = mi355x.p(path)
-        host.parent.mkdir(parents=True, exist_ok=True)
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.bind(str(host))
-        s.listen(4)
-        socks.append(s)
-    yield
-    for s in socks:
-        s.close()
+        listen_on(mi355x, path, listeners)
 
 
 def test_standalone_waits_for_the_dram_sidecar_and_points_every_rank_at_it(
