@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from e2e_lib import EXAMPLES, NAMESPACE, RESYNC_S, Cluster, OperatorProcess, example
 from hicache_operator.controller.main import default_priority
+from hicache_operator.controller.reconcile import MAX_CONCURRENT_RECONCILES
 
 pytestmark = pytest.mark.e2e
 POD_NAME = "sglang-hicache-operator-6d8f9c7b5-x2k4q"
@@ -119,3 +120,38 @@ def test_a_restarted_operator_pod_resumes_at_once_and_never_beside_another(
     finally:
         for process in (first, second, other):
             process.stop()
+
+
+def test_a_cr_created_at_an_operator_restart_does_not_queue_behind_unchanged_ones(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """Issue 25 item 15: a restarted operator reconciles every existing CR once (16 at a time);
+    a CR created right then used to wait for all of them. Now new and changed CRs take the next
+    free slot: fewer existing CRs are read before the new CR's reconcile starts than
+    there are existing CRs: at most the 16 whose reconciles were running when it arrived (with a
+    plain semaphore: all 24, since kopf lists the new one last)."""
+    cluster.emu.call(lambda store: store.listeners.clear())  # no pods: only the operator works
+    first = OperatorProcess(cluster, tmp_path / "first.log")
+    second = OperatorProcess(cluster, tmp_path / "second.log")
+    names = [f"old-{i:02d}" for i in range(24)]
+    try:
+        first.start()
+        for name in names:
+            cluster.apply(_minimal(name))
+        cluster.wait(lambda: all(((cluster.cr(n) or {}).get("status") or {}).get(
+            "observedGeneration") == 1 for n in names), "every CR reconciled", 120)
+        first.stop()
+        start = len(cluster.emu.requests())
+        second.start()
+        cluster.apply(_minimal("zz-new"))  # listed after the others: last in a FIFO queue
+        cluster.wait(lambda: cluster.child(("apps/v1", "statefulsets"), "zz-new"),
+                     "the new CR's StatefulSet", 120)
+        log = cluster.emu.requests()[start:]
+        # Each reconcile starts by reading its CR afresh, inside its slot.
+        began = next(i for i, r in enumerate(log) if r.method == "GET"
+                     and r.plural == "sglanghicaches" and r.name == "zz-new")
+        read_before = {r.name for r in log[:began] if r.method == "GET"
+                       and r.plural == "sglanghicaches" and r.name in names}
+        assert len(read_before) <= MAX_CONCURRENT_RECONCILES < len(names), sorted(read_before)
+    finally:
+        first.stop()
+        second.stop()

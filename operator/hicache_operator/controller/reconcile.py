@@ -36,6 +36,7 @@ from .router_status import (
     router_pod_selector,
     router_serving,
 )
+from .slots import PrioritySlots
 from .transitions import Event, transition_events
 
 Obj = dict[str, Any]
@@ -44,10 +45,8 @@ NAME_LABEL = "app.kubernetes.io/name"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 APP_NAME = "sglang-hicache"
 SSD_CLAIM_COMPONENT = "cache"  # the component label of the SSD volumeClaimTemplates
-# A CR that sets this (spec.l3.ssd.volume.claimTemplate.<field>) has its SSD PVCs deleted with it.
-# Reconciles in flight at once: 200 CRs created together otherwise hold 200 plans, request
-# bodies and responses in memory at the same time (peak RSS), for no throughput gain on an
-# operator that is CPU-bound in one process.
+# Reconciles in flight at once (200 CRs at once would hold 200 plans and bodies in memory for
+# no throughput gain in one CPU-bound process); new and changed CRs first (``slots``).
 MAX_CONCURRENT_RECONCILES = 16
 
 
@@ -109,7 +108,7 @@ class Reconciler:
         self.writer = ChildWriter(kube)
         self.observer = CacheObserver(config.cache_metrics, on_scrape=metrics.record_scrape)
         self.router_reader = RouterReader(config.cache_metrics.timeout_seconds)
-        self._slots: asyncio.Semaphore | None = None
+        self._slots: PrioritySlots | None = None
 
     def _state(self, namespace: str, name: str, uid: str) -> _CrState:
         state = self.crs.get((namespace, name))
@@ -201,8 +200,9 @@ class Reconciler:
         meta = body["metadata"]
         state = self._state(meta["namespace"], meta["name"], meta["uid"])
         if self._slots is None:
-            self._slots = asyncio.Semaphore(MAX_CONCURRENT_RECONCILES)
-        async with state.lock, self._slots:
+            self._slots = PrioritySlots(MAX_CONCURRENT_RECONCILES)
+        changed = meta.get("generation") != (body.get("status") or {}).get("observedGeneration")
+        async with state.lock, self._slots.slot(urgent=changed):
             started = time.perf_counter()
             fresh = await self.kube.get(API_VERSION, KIND, meta["namespace"], meta["name"])
             if fresh is None or fresh["metadata"].get("uid") != meta["uid"] or state.deleting \
