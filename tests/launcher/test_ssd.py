@@ -18,9 +18,11 @@ from hicache_umbp.launch.run import plan_launch
 from hicache_umbp.launch.ssd import io_uring_syscall_probe
 
 from .conftest import io_uring_blocked, io_uring_ok, launch_env
-from .fakenode import GIB, FakeNode
+from .fakenode import MIB, FakeNode
 
-SSD = dict(umbp_ssd_enabled=True, umbp_ssd_dir="/mnt/nvme", umbp_ssd_bytes=GIB)
+# 16 MiB per rank: the check reads the real filesystem's free space, which a machine running
+# other jobs may have little of (1 GiB per rank failed here with 6.7 GiB free).
+SSD = dict(umbp_ssd_enabled=True, umbp_ssd_dir="/mnt/nvme", umbp_ssd_bytes=16 * MIB)
 
 
 def _plan(node: FakeNode, probe=io_uring_ok, **env: object):
@@ -39,7 +41,7 @@ def test_rank_directories_are_created_and_written(mi355x: FakeNode) -> None:
     plan = _plan(mi355x)
     ssd = plan.report["ssd"]
     assert ssd["rank_dirs"] == [f"/mnt/nvme/rank-{i}" for i in range(8)]
-    assert ssd["capacity_bytes"] == 8 * GIB
+    assert ssd["capacity_bytes"] == 8 * 16 * MIB
     assert ssd["io_backend"] == "io_uring"
     for i in range(8):
         assert os.listdir(mi355x.p(f"/mnt/nvme/rank-{i}")) == []  # the probe file is gone

@@ -66,7 +66,9 @@ def test_deepseek_tree_is_its_host_and_l3_capacity_in_characters() -> None:
     assert tokens.total == tokens.host + tokens.l3_ssd
     tree = tokens.total * 4 * 4  # 2 replicas: sized for 4 pods, the smallest tree_pods
     assert int(_arg(p, "--max-tree-size")) == tree == 799_927_872
-    assert p.router.sizing.memory_bytes == -(-(256 * MIB + 5 * tree) // MIB) * MIB
+    # 1.25 x (2.7 B + 3,900 B / 2048 characters per request) = 1.25 x 4.605 B per character
+    assert p.router.sizing.memory_bytes == -(-(256 * MIB * 4000 + 5 * 4605 * tree)
+                                             // (4000 * MIB)) * MIB
     assert p.status_plan["router"]["treeChars"] == tree
     assert p.status_plan["router"]["tokensPerPod"]["total"] == tokens.total
 
@@ -101,10 +103,24 @@ def test_without_the_geometry_the_tree_is_smg_default_and_a_warning_says_why() -
     assert any(w.startswith("router:") and "kvBytesPerToken" in w for w in p.warnings)
 
 
+def test_short_turns_make_the_router_need_more_memory_per_character() -> None:
+    """smg 1.13.0 measured (bench/router_memory.py): 2.7 B per tree character plus 3.9 KB per
+    request; requests adding 256 characters each need 4x the memory per character of 2048."""
+    from hicache_operator.planner.router_sizing import tree_millibytes_per_char
+
+    assert (tree_millibytes_per_char(2048), tree_millibytes_per_char(256)) == (4605, 17935)
+    long_turns = plan(_cr("deepseek-r1-mi355x.yaml", lambda s: s.update(replicas=2)), CONFIG)
+    short = plan(_cr("deepseek-r1-mi355x.yaml", lambda s: s.update(
+        replicas=2, router={"tree": {"requestChars": 256}})), CONFIG)
+    assert long_turns.router is not None and short.router is not None
+    assert short.router.sizing.tree_chars == long_turns.router.sizing.tree_chars
+    assert 3.5 < (short.router.sizing.memory_bytes / long_turns.router.sizing.memory_bytes) < 4
+
+
 def test_an_explicit_memory_caps_the_tree_and_an_explicit_size_must_fit_it() -> None:
     capped = plan(_cr("deepseek-r1-mi355x.yaml", lambda s: s.update(
         replicas=2, router={"resources": {"memory": "1Gi"}})), CONFIG)
-    assert int(_arg(capped, "--max-tree-size")) == (2**30 - 256 * MIB) // 5
+    assert int(_arg(capped, "--max-tree-size")) == (2**30 - 256 * MIB) * 4000 // (5 * 4605)
     assert any("cut to" in w for w in capped.warnings)
     with pytest.raises(SpecError) as err:
         plan(_cr("deepseek-r1-mi355x.yaml", lambda s: s.update(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -67,6 +67,24 @@ def node(pod_root: Path) -> Iterator[Node]:
         yield n
 
 
+_PASSED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.when == "call":
+        item.stash[_PASSED] = report.passed
+    return report
+
+
 @pytest.fixture
-def workdir(pod_root: Path) -> Path:
-    return _subdir(pod_root, "pods")
+def workdir(pod_root: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
+    """The test's pods (their volumes, SSD claims of up to a few GiB, logs): removed when the
+    test passed, so a session holds one passing test's files at a time (the whole tier kept
+    20 GB until its end); a failed test's stay, with the session root."""
+    d = _subdir(pod_root, "pods")
+    yield d
+    if request.node.stash.get(_PASSED, False):
+        shutil.rmtree(d, ignore_errors=True)

@@ -62,6 +62,16 @@ class RouterTree(ApiModel):
         "the pods' capacity in tokens into the tree's characters (4 is the gateway's own "
         "assumption for English text; code and CJK text have fewer).",
     )
+    request_chars: int = Field(
+        default=2048,
+        ge=64,
+        le=1 << 20,
+        description="Characters a request adds to the tree on average (its text beyond the "
+        "previous turn of its conversation). The router's memory per tree character is "
+        "2.7 B plus 3,900 B per request over this (smg 1.13.0 measured, make "
+        "bench-router-memory): 2048 (long-context and agentic turns) gives 4.6 B, 256 (short "
+        "chat turns) 18 B per character.",
+    )
     max_pods: int | None = Field(
         default=None,
         ge=1,
@@ -155,9 +165,10 @@ class RouterResources(ApiModel):
     cpu: AutoCpu = Field(default="auto", description="Whole CPUs, or auto (2).")
     memory: AutoQuantity = Field(
         default="auto",
-        description="Memory, or auto: 256 MiB plus 4 bytes per character of the tree with "
-        "25 % headroom (measured on smg 1.13.0: about 1.5 bytes per character of request "
-        "text and 3.5 KiB per tree node). An explicit value caps the tree to what it holds.",
+        description="Memory, or auto: 256 MiB plus the tree's characters x (2.7 B + 3,900 B / "
+        "tree.requestChars) with 25 % headroom (measured on smg 1.13.0: 2.7 bytes per "
+        "character of request text and 3.9 KB per request's tree node). An explicit value caps "
+        "the tree to what it holds.",
     )
 
 

@@ -67,7 +67,7 @@ def plan_router(
         pod, attention_tp_size(spec), spec.model.attention == "mla", replicas=spec.replicas,
         max_pods=r.tree.max_pods, chars_per_token=r.tree.chars_per_token,
         max_size=r.tree.max_size, memory=r.resources.memory, cpu=r.resources.cpu,
-        problems=problems)
+        problems=problems, request_chars=r.tree.request_chars)
     hc = r.health_check
     shutdown_s, grace_s = shutdown_timing(r.max_stream_seconds, r.pre_stop_seconds)
     args = [

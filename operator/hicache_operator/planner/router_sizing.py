@@ -19,9 +19,11 @@ from .sizing import PodSizing
 ROUTER_TREE_DEFAULT_CHARS = 67_108_864
 #: Memory of the smg process besides its prefix tree (measured: 55 MiB RSS idle, 2 workers).
 ROUTER_BASE_MEMORY = 256 * 1024**2
-#: Tree memory per character: smg 1.13.0 measured 1.4-1.8 B per character of request text plus
-#: about 3.5 KiB per tree node; 4 B covers nodes of at least ~1,400 new characters per request.
-ROUTER_BYTES_PER_CHAR = 4
+#: Tree memory, smg 1.13.0 measured on multi-turn chat (``bench/router_memory.py``, a fit over
+#: 240 and 2,147 new characters per request): 2.68 B per character plus 3,861 B per request
+#: (a tree node). In thousandths of a byte: per character, and per request.
+ROUTER_MILLIBYTES_PER_CHAR = 2_700
+ROUTER_MILLIBYTES_PER_REQUEST = 3_900_000
 ROUTER_MEMORY_HEADROOM = (5, 4)  # x 1.25: growth between two evictions
 ROUTER_CPU = 2
 MIB = 1024**2
@@ -104,10 +106,17 @@ def pod_tokens(s: PodSizing, attention_tp: int, mla: bool) -> PodTokens | None:
     )
 
 
+def tree_millibytes_per_char(request_chars: int) -> int:
+    """Router memory per tree character, in thousandths of a byte: ``2.7 + 3,900 / c`` B for
+    requests adding ``c = router.tree.requestChars`` characters each (every request is a
+    node of about 3.9 KB besides its text)."""
+    return ROUTER_MILLIBYTES_PER_CHAR + -(-ROUTER_MILLIBYTES_PER_REQUEST // request_chars)
+
+
 def size_router(
     s: PodSizing, attention_tp: int, mla: bool, *, replicas: int, max_pods: int | None,
     chars_per_token: int, max_size: int | None, memory: int | str, cpu: int | str,
-    problems: Problems,
+    problems: Problems, request_chars: int = 2048,
 ) -> RouterSizing:
     """The cache_aware router's prefix tree and resources, from the pods' cache capacity.
 
@@ -135,9 +144,11 @@ def size_router(
       power of two ``>= max(replicas, 4)`` (:func:`tree_pods`: scaling the engines within it
       leaves the router's arguments, and so its pods and trees, alone); without
       ``kvBytesPerToken`` the gateway's default, 67,108,864;
-    * memory (auto) ``= roundup_MiB(256 MiB + 1.25 * 4 B * tree)`` (1.25: growth between
-      evictions); an explicit memory ``M`` caps the tree at ``floor((M - 256 MiB) / 5 B)``;
-      CPUs (auto) 2.
+    * bytes per tree character ``m = 2.7 + 3,900 / c`` for requests that add ``c =
+      requestChars`` characters each (:func:`tree_millibytes_per_char`, smg 1.13.0 measured:
+      18 B at 240, 4.4 B at 2,147); memory (auto) ``= roundup_MiB(256 MiB + 1.25 * m * tree)``
+      (1.25: growth between evictions); an explicit memory ``M`` caps the tree at
+      ``floor((M - 256 MiB) / (1.25 m))``; CPUs (auto) 2.
 
     Example (DeepSeek-R1 bf16 on MI355X, ``examples/deepseek-r1-mi355x.yaml``): mla, b = 70,272
     B, 200 GiB host pool per rank: ``T_h = 3,055,959``; 3 TiB SSD: ``T_ssd = 46,939,533``;
@@ -161,12 +172,14 @@ def size_router(
             f"{tokens.l3_ssd})) tokens per pod (b = {b} B per token and rank) x "
             f"{chars_per_token} characters x {pods} pods = {tree} characters")
     num, den = ROUTER_MEMORY_HEADROOM
-    per_char = ROUTER_BYTES_PER_CHAR * num  # / den
+    milli = tree_millibytes_per_char(request_chars)
+    per_char, den = milli * num, den * 1000  # bytes per character: per_char / den
     capped = False
     if memory == "auto":
         mem = round_up(ROUTER_BASE_MEMORY + -(-tree * per_char // den), MIB)
-        lines.append(f"router memory = roundup_MiB(256 MiB + 1.25 x {ROUTER_BYTES_PER_CHAR} B x "
-                     f"{tree}) = {format_bytes(mem)}")
+        lines.append(f"router memory = roundup_MiB(256 MiB + 1.25 x {milli / 1000:g} B (2.7 B + "
+                     f"3,900 B / {request_chars} characters per request) x {tree}) = "
+                     f"{format_bytes(mem)}")
     else:
         mem = parse_bytes(memory, field="router.resources.memory")
         fits = max((mem - ROUTER_BASE_MEMORY) * den // per_char, 0)
