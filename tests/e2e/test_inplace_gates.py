@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from e2e_lib import NAMESPACE, Cluster
-from test_inplace_rollout import IMAGE, NEW_IMAGE, READY_AFTER_S, _cr, _kubelet, _rolled_out
+from test_inplace_rollout import IMAGE, NEW_IMAGE, READY_AFTER_S, _cr, _kubelet, _ready, _rolled_out
 
 pytestmark = pytest.mark.e2e
 GATE = "hicache.sglang.ai/in-place-ready"
@@ -180,8 +180,7 @@ def test_a_pod_deleted_mid_rollout_comes_back_on_the_new_image(
     cr = _cr("recreated")
     cluster.apply(cr)
     cluster.wait_children(cr)
-    cluster.mark_pods_ready("recreated", 3)
-    cluster.wait_condition("recreated", "Ready", "True")
+    _ready(cluster, "recreated", 3)
     kubelet = _kubelet(cluster)  # a restarted engine stays unready until the test says
     cluster.patch_spec("recreated", {"image": NEW_IMAGE})
     cluster.wait(lambda: [p for p, _, _ in kubelet.restarts] == ["recreated-2"],
@@ -217,8 +216,7 @@ def test_kubectl_rollout_restart_restarts_each_engine_in_place(
     cr = _cr("kubectl-restart", replicas=2)
     cluster.apply(cr)
     cluster.wait_children(cr)
-    cluster.mark_pods_ready("kubectl-restart", 2)
-    cluster.wait_condition("kubectl-restart", "Ready", "True")
+    _ready(cluster, "kubectl-restart", 2)
     kubelet = _kubelet(cluster, ready_after_restart=READY_AFTER_S)
     _sts_patch(cluster, "kubectl-restart", {"spec": {"template": {"metadata": {"annotations": {
         "kubectl.kubernetes.io/restartedAt": "2027-01-15T09:00:00Z"}}}}})
@@ -237,8 +235,7 @@ def test_kubectl_rollout_undo_is_reported_and_the_crs_template_restored(
     cr = _cr("kubectl-undo", replicas=2)
     cluster.apply(cr)
     cluster.wait_children(cr)
-    cluster.mark_pods_ready("kubectl-undo", 2)
-    cluster.wait_condition("kubectl-undo", "Ready", "True")
+    _ready(cluster, "kubectl-undo", 2)
     kubelet = _kubelet(cluster, ready_after_restart=READY_AFTER_S)
     sts = cluster.child(("apps/v1", "statefulsets"), "kubectl-undo")
     assert sts is not None
@@ -266,8 +263,7 @@ def test_an_image_that_cannot_be_pulled_stops_the_rollout_before_any_engine_stop
     cr = _cr("unpullable", replicas=2)
     cluster.apply(cr)
     cluster.wait_children(cr)
-    cluster.mark_pods_ready("unpullable", 2)
-    cluster.wait_condition("unpullable", "Ready", "True")
+    _ready(cluster, "unpullable", 2)
     bad = "registry.example/engine:missing"
     kubelet = _kubelet(cluster, ready_after_restart=READY_AFTER_S, bad_images={bad})
     cluster.patch_spec("unpullable", {"image": bad})

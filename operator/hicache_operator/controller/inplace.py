@@ -27,6 +27,8 @@ from . import diff, kubectl, metrics, rollout, status
 from .apply import ChildKey
 from .kube import KubeClient, KubeError
 from .logs import cr_logger
+from .rollout_pods import gate, has_gate, pod_ready
+from .rollout_steps import GATE_DRAINING
 from .router_status import RouterReader, router_pod_selector, router_serving
 from .transitions import Event
 
@@ -146,9 +148,6 @@ def draining_ips(pods: Sequence[Mapping[str, Any]]) -> frozenset[str]:
     """The IPs of the pods an in-place update is taking out of rotation: the operator's
     readiness gate False for it and the pod not Ready (the kubelet has seen the gate), so a
     router that re-registers pods on their Ready events does not take them back."""
-    from .rollout_pods import gate, has_gate, pod_ready
-    from .rollout_steps import GATE_DRAINING
-
     return frozenset(
         str(p["status"]["podIP"]) for p in pods
         if has_gate(p) and (p.get("status") or {}).get("podIP") and not pod_ready(p)
@@ -189,14 +188,14 @@ async def send_patches(kube: KubeClient, cr: Mapping[str, Any],
         return step
     namespace, name = cr["metadata"]["namespace"], cr["metadata"]["name"]
     log = cr_logger(namespace, name)
-    for gate in decision.gates:
+    for gate_write in decision.gates:
         try:
-            step.patched[gate.pod] = await kube.json_patch("v1", "Pod", namespace, gate.pod,
-                                                           gate.ops, subresource="status")
+            step.patched[gate_write.pod] = await kube.json_patch(
+                "v1", "Pod", namespace, gate_write.pod, gate_write.ops, subresource="status")
         except KubeError as exc:
             if exc.status not in _SKIPPED:
                 raise
-            log.info("readiness gate of pod %s not set (%s)", gate.pod, exc)
+            log.info("readiness gate of pod %s not set (%s)", gate_write.pod, exc)
             continue
         metrics.WRITES.labels("patch", "Pod/status").inc()
         step.writes += 1
