@@ -11,22 +11,34 @@ the backup thread, flush, drop the page cache of every file under the directory
 (``posix_fadvise(DONTNEED)``: reads come from the disk), prefetch them back through the hit query
 and the io thread, check every byte, detach. Beside it, in the same round and directory, the
 volume's own bandwidth: 128 pages of the same size written and read with ``O_DIRECT``
-``pwritev``/``preadv`` from a pool of threads (the best of 4, 8 and 16 threads).
+``pwritev``/``preadv`` from a pool of threads (8, the tier's own; the best of 4, 8 and 16
+beside it).
 
-Backends: ``ours`` (``umbp_ssd_engine=hicache``, SSD only), ``ours+dram`` (a 32 MiB DRAM tier in
-front, smaller than the working set: the shape the examples use), ``mori`` (mori 1.2.4's
-embedded SSD node as the project configures it, posix I/O as under RuntimeDefault seccomp),
-``file`` (SGLang's ``HiCacheFile``). Then several drives: ours over 1, 2 and 4 directories (on
-this machine one disk: the point is no regression, and the page counts per directory).
+Backends: ``ours`` (``umbp_ssd_engine=hicache``, SSD only, on a new drive: its first fill),
+``ours-steady`` (the same, on a drive whose data file was written once end to end before: the
+tier after its first fill, which is where it spends its life), ``ours+dram`` (a 32 MiB DRAM
+tier in front, smaller than the working set: the shape the examples use), ``mori`` (mori
+1.2.4's embedded SSD node as the project configures it, posix I/O as under RuntimeDefault
+seccomp), ``file`` (SGLang's ``HiCacheFile``). Writes are compared with the volume's own
+writes in the same state: a first fill with the first write into a freshly preallocated file
+(the filesystem converts each unwritten extent then), the tier after its first fill with
+blocks written before.
+
+Then several drives: ours striped over 1, 2 and 4 block devices of their own, each capped at
+``BENCH_DRIVE_MBPS`` (200) MB/s by the kernel's blkio throttle (``bench/throttled_drives.py``:
+loop devices over tmpfs, ext4, root only), against one such drive's own O_DIRECT bandwidth
+(``drives``: ``read_scaling`` = ours on N drives / N x one drive). Without root: directories on
+the one disk (page counts per directory, no regression).
 
 Beside the controller's path, the store SGLang calls alone: ``batch_set_v1`` / ``batch_get_v1``
-on the attached backend, as the backup and prefetch-io threads call them (``*_v1`` ratios).
+on the attached ``ours-steady`` and ``mori`` backends, as the backup and prefetch-io threads
+call them (``*_v1`` ratios).
 
 Run: ``make bench-ssd`` (``BENCH_ROUNDS``, default 3). Last line: one JSON object with
-``read_vs_disk``, ``write_vs_disk``, ``read_vs_disk_v1``, ``write_vs_disk_v1``,
-``read_vs_mori_ssd``, ``read_vs_file`` (each the smaller
-of the two page shapes, median of the rounds), ``pages_exact`` / ``pages_expected`` and the
-per-shape numbers.
+``read_vs_disk``, ``write_vs_disk``, ``write_vs_disk_first_fill``, ``read_vs_disk_v1``,
+``write_vs_disk_v1``, ``read_vs_mori_ssd``, ``read_vs_file`` (each the smaller of the two page
+shapes, median of the rounds), ``pages_exact`` / ``pages_expected``, the per-shape numbers and
+the drives.
 """
 
 from __future__ import annotations
@@ -51,6 +63,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from backend_setup import device_pool, per_kind_summary  # noqa: E402
 from hicache_umbp.contract.names import dynamic_extra_config  # noqa: E402
+from hicache_umbp.disk.layout import DATA_FILE  # noqa: E402
+from throttled_drives import throttled_drives, unavailable  # noqa: E402
 
 from backend import sglang_env as E  # noqa: E402
 from backend import sglang_stack as S  # noqa: E402
@@ -59,7 +73,11 @@ MIB = 1 << 20
 PAGE = 64
 PAGES = 128  # one SGLang storage batch
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
-BACKENDS = ("ours", "ours+dram", "mori", "file")
+BACKENDS = ("ours", "ours-steady", "ours+dram", "mori", "file")
+V1_CALLS = ("ours-steady", "mori")
+#: Each throttled drive's bandwidth, read and write (bench/throttled_drives.py).
+DRIVE_BPS = int(os.environ.get("BENCH_DRIVE_MBPS", "200")) * 1_000_000
+DRIVE_COUNTS = (1, 2, 4)
 #: The reference runs at the tier's own queue depth (umbp_ssd_io_threads' default); the best
 #: over a few depths is printed beside it.
 IO_THREADS = 8
@@ -67,10 +85,10 @@ DISK_THREADS = (4, 8, 16)
 
 
 def backend_config(name: str, ssd_dir: Path, capacity: int,
-                   dirs: int = 1) -> tuple[str, dict[str, Any]]:
+                   drives: list[Path] | None = None) -> tuple[str, dict[str, Any]]:
     if name == "file":
         return "file", {"file_storage_path": str(ssd_dir)}
-    drives = [ssd_dir / f"nvme{i}" for i in range(dirs)] if dirs > 1 else [ssd_dir]
+    drives = drives or [ssd_dir]
     for d in drives:
         d.mkdir(parents=True, exist_ok=True)
     tiers: dict[str, Any] = dict(
@@ -97,10 +115,15 @@ def drop_page_cache(root: Path) -> None:
                 os.close(fd)
 
 
-def disk_bandwidth(directory: Path, page_bytes: int, parts: int) -> dict[str, float]:
-    """The volume's own O_DIRECT write and read bandwidth for the same bytes in the same
-    transfers: PAGES x ``parts`` blocks of one page part (rounded up to 4 KiB), at IO_THREADS
-    threads (``write_gbps``, ``read_gbps``) and the best over DISK_THREADS (``best_*``)."""
+def disk_bandwidth(directory: Path, page_bytes: int, parts: int,
+                   depths: tuple[int, ...] = DISK_THREADS) -> dict[str, float]:
+    """The volume's own O_DIRECT bandwidth for the same bytes in the same transfers: PAGES x
+    ``parts`` blocks of one page part (rounded up to 4 KiB). ``fill_write_gbps``: the first
+    write into a freshly preallocated file at IO_THREADS threads (a new drive's slots: the
+    filesystem converts each unwritten extent on its first write); then ``write_gbps`` (the
+    same blocks written again, as a tier's slots are after its first fill) and ``read_gbps``
+    at IO_THREADS, and the best over ``depths`` threads (``best_*``). Synced before each read, as
+    the tier's pages are before theirs (the disk is not still taking the writes)."""
     size = -(-(page_bytes // parts) // 4096) * 4096
     blocks = PAGES * parts
     path = directory / "odirect.bin"
@@ -108,22 +131,48 @@ def disk_bandwidth(directory: Path, page_bytes: int, parts: int) -> dict[str, fl
     buf.write(os.urandom(4096) * (size // 4096))
     best = {"write_gbps": 0.0, "read_gbps": 0.0, "best_write_gbps": 0.0, "best_read_gbps": 0.0}
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
+
+    def gbps(call: Any, threads: int) -> float:
+        with ThreadPoolExecutor(threads) as pool:
+            t = time.perf_counter()
+            list(pool.map(lambda i: call(fd, [buf], i * size), range(blocks)))
+            dt = time.perf_counter() - t
+        if call is os.pwritev:
+            os.fsync(fd)
+        return PAGES * page_bytes / dt / 1e9
+
     try:
         os.posix_fallocate(fd, 0, size * blocks)
-        for threads in DISK_THREADS:
+        best["fill_write_gbps"] = gbps(os.pwritev, IO_THREADS)
+        for threads in depths:
             for key, call in (("write_gbps", os.pwritev), ("read_gbps", os.preadv)):
-                with ThreadPoolExecutor(threads) as pool:
-                    t = time.perf_counter()
-                    list(pool.map(lambda i, c=call: c(fd, [buf], i * size), range(blocks)))
-                    dt = time.perf_counter() - t
-                gbps = PAGES * page_bytes / dt / 1e9
-                best["best_" + key] = max(best["best_" + key], gbps)
+                rate = gbps(call, threads)
+                best["best_" + key] = max(best["best_" + key], rate)
                 if threads == IO_THREADS:
-                    best[key] = gbps
+                    best[key] = rate
     finally:
         os.close(fd)
         path.unlink(missing_ok=True)
     return best
+
+
+def prewrite(directory: Path) -> int:
+    """Write every tier data file under ``directory`` once, end to end, with O_DIRECT, and
+    sync: the drive's slots are then what they are after the tier's first fill (written
+    extents). The index is not touched: the tier still holds no page. Bytes written."""
+    chunk = mmap.mmap(-1, 8 * MIB)
+    total = 0
+    for path in directory.rglob(DATA_FILE):
+        fd = os.open(path, os.O_WRONLY | os.O_DIRECT)
+        try:
+            size = os.fstat(fd).st_size
+            for off in range(0, size, len(chunk)):
+                total += os.pwritev(fd, [memoryview(chunk)[: min(len(chunk), size - off)]],
+                                    off)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return total
 
 
 def fresh_pages(stack: S.Stack, seed: int) -> tuple[list[int], list[str], Any, list[bytes]]:
@@ -135,14 +184,26 @@ def fresh_pages(stack: S.Stack, seed: int) -> tuple[list[int], list[str], Any, l
 
 
 def run_backend(stack: S.Stack, name: str, ssd_dir: Path, seed: int, capacity: int,
-                dirs: int = 1) -> dict[str, Any]:
-    """One backend: attach, back up PAGES pages, flush, drop caches, prefetch, check bytes."""
-    backend, extra = backend_config(name, ssd_dir, capacity, dirs)
+                drives: list[Path] | None = None, v1: bool = False) -> dict[str, Any]:
+    """One backend: attach, back up PAGES pages, flush, drop caches, prefetch, check bytes.
+    ``ours-steady`` first attaches once and writes its drives' data files end to end
+    (:func:`prewrite`), then measures: the tier after its first fill."""
+    backend, extra = backend_config(name, ssd_dir, capacity, drives)
     ctrl, host = stack.ctrl, stack.host
-    ctrl.attach_storage_backend(storage_backend=backend, prefetch_threshold=PAGE,
-                                model_name=E.MODEL_NAME, storage_backend_extra_config=extra,
-                                host_pools=ctrl.mem_pool_host.entries)
+    dirs = drives or [ssd_dir]
+
+    def attach() -> None:
+        ctrl.attach_storage_backend(storage_backend=backend, prefetch_threshold=PAGE,
+                                    model_name=E.MODEL_NAME, storage_backend_extra_config=extra,
+                                    host_pools=ctrl.mem_pool_host.entries)
+
+    attach()
     try:
+        if name == "ours-steady":
+            ctrl.detach_storage_backend()
+            for d in dirs:
+                prewrite(d)
+            attach()
         tokens, hashes, idx, want = fresh_pages(stack, seed)
         nbytes = sum(len(p) for p in want)
         t = time.perf_counter()
@@ -153,7 +214,8 @@ def run_backend(stack: S.Stack, name: str, ssd_dir: Path, seed: int, capacity: i
         set_s = time.perf_counter() - t
         host.free(idx)
         E.wipe_pages(host, idx)
-        drop_page_cache(ssd_dir)
+        for d in dirs:
+            drop_page_cache(d)
         t = time.perf_counter()
         got = S.prefetch(ctrl, f"{name}-{seed}", tokens)
         get_s = time.perf_counter() - t
@@ -162,23 +224,22 @@ def run_backend(stack: S.Stack, name: str, ssd_dir: Path, seed: int, capacity: i
             have = E.page_bytes(host, got.host_indices)[: got.tokens // PAGE]
             exact = sum(a == b for a, b in zip(have, want, strict=False))
             host.free(got.host_indices)
-        v1 = _v1_calls(stack, name, ssd_dir, seed) if name in ("ours", "mori") else {}
+        calls = _v1_calls(stack, name, dirs, seed) if v1 else {}
         stats = _disk_stats(ctrl.storage_backend)
-        per_dir = [sum(f.stat().st_blocks for f in (ssd_dir / f"nvme{i}").rglob("*")
-                       if f.is_file()) for i in range(dirs)] if dirs > 1 else []
         return {"write_gbps": nbytes / set_s / 1e9, "read_gbps": nbytes / get_s / 1e9,
                 "backed_pages": backed // PAGE, "read_pages": got.tokens // PAGE,
                 "exact_pages": exact, "direct_ios": stats.get("direct_ios", 0),
                 "buffered_ios": stats.get("buffered_ios", 0),
                 "pages_per_dir": [d.index.counts()[0] for d in _drives(ctrl.storage_backend)]
-                if per_dir else [], **v1}
+                if drives else [], **calls}
     finally:
         ctrl.detach_storage_backend()
-        shutil.rmtree(ssd_dir, ignore_errors=True)
-        ssd_dir.mkdir()
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+            d.mkdir()
 
 
-def _v1_calls(stack: S.Stack, name: str, ssd_dir: Path, seed: int) -> dict[str, float]:
+def _v1_calls(stack: S.Stack, name: str, dirs: list[Path], seed: int) -> dict[str, float]:
     """The store SGLang calls, without the controller's threads: ``batch_set_v1`` of PAGES
     fresh pages, then (page cache dropped) ``batch_get_v1`` of them, as the backup and the
     prefetch-io threads call it; every page checked."""
@@ -195,7 +256,8 @@ def _v1_calls(stack: S.Stack, name: str, ssd_dir: Path, seed: int) -> dict[str, 
         set_s = time.perf_counter() - t
         assert all(ok), f"{name}: batch_set_v1 stored {sum(ok)} of {PAGES}"
         E.wipe_pages(host, idx)
-        drop_page_cache(ssd_dir)
+        for d in dirs:
+            drop_page_cache(d)
         t = time.perf_counter()
         ok = backend.batch_get_v1(keys, idx)
         get_s = time.perf_counter() - t
@@ -245,65 +307,111 @@ def bench_kind(kind: str, model: Path, workdir: Path) -> dict[str, Any]:
         for name in order:
             if name == "ours":  # the volume's own bandwidth right before ours, same directory
                 disk = disk_bandwidth(ssd_dir, page_bytes, 1 if kind == "r1" else 2)
-            res = run_backend(stack, name, ssd_dir, 1000 * r + BACKENDS.index(name), capacity)
+            res = run_backend(stack, name, ssd_dir, 1000 * r + BACKENDS.index(name), capacity,
+                              v1=name in V1_CALLS)
             if r:
                 runs[name].append(res)
         if r:
             runs["disk"].append(disk)
-    drives = {n: run_backend(stack, "ours", ssd_dir, 77_000 + n, capacity, dirs=n)
-              for n in (1, 2, 4)}
+    drives = drive_scaling(stack, kind, page_bytes, capacity)
     stack.close()
 
-    def ratio(key: str, a: str, b: str) -> float:
-        return statistics.median(x[key] / y[key] for x, y in zip(runs[a], runs[b], strict=True))
+    def ratio(key: str, a: str, b: str, ref: str | None = None) -> float:
+        return float(statistics.median(x[key] / y[ref or key]
+                                       for x, y in zip(runs[a], runs[b], strict=True)))
 
     med = {b: {k: statistics.median(r[k] for r in runs[b])
                for k in runs[b][0] if isinstance(runs[b][0][k], float)} for b in runs}
     out = {
         "page_bytes": page_bytes,
         "read_vs_disk": ratio("read_gbps", "ours", "disk"),
-        "write_vs_disk": ratio("write_gbps", "ours", "disk"),
-        "read_vs_disk_v1": statistics.median(
-            x["read_gbps_v1"] / y["read_gbps"] for x, y in zip(runs["ours"], runs["disk"],
-                                                                strict=True)),
-        "write_vs_disk_v1": statistics.median(
-            x["write_gbps_v1"] / y["write_gbps"] for x, y in zip(runs["ours"], runs["disk"],
-                                                                 strict=True)),
+        "write_vs_disk": ratio("write_gbps", "ours-steady", "disk"),
+        "write_vs_disk_first_fill": ratio("write_gbps", "ours", "disk", "fill_write_gbps"),
+        "read_vs_disk_v1": ratio("read_gbps_v1", "ours-steady", "disk", "read_gbps"),
+        "write_vs_disk_v1": ratio("write_gbps_v1", "ours-steady", "disk", "write_gbps"),
         "read_vs_disk_with_dram": ratio("read_gbps", "ours+dram", "disk"),
         "read_vs_mori_ssd": ratio("read_gbps", "ours", "mori"),
         "write_vs_mori_ssd": ratio("write_gbps", "ours", "mori"),
         "read_vs_file": ratio("read_gbps", "ours", "file"),
         "write_vs_file": ratio("write_gbps", "ours", "file"),
-        "pages_exact": sum(r["exact_pages"] for b in ("ours", "ours+dram") for r in runs[b]),
-        "pages_expected": PAGES * 2 * ROUNDS,
+        "pages_exact": sum(r["exact_pages"] for b in ("ours", "ours-steady", "ours+dram")
+                           for r in runs[b]),
+        "pages_expected": PAGES * 3 * ROUNDS,
         "exact_by_backend": {b: sum(r["exact_pages"] for r in runs[b]) for b in BACKENDS},
-        "direct_ios": sum(r["direct_ios"] for r in runs["ours"]),
-        "buffered_ios": sum(r["buffered_ios"] for r in runs["ours"]),
-        "drives": {n: {"read_gbps": d["read_gbps"], "write_gbps": d["write_gbps"],
-                       "exact_pages": d["exact_pages"], "pages_per_dir": d["pages_per_dir"]}
-                   for n, d in drives.items()},
+        "direct_ios": sum(r["direct_ios"] for b in ("ours", "ours-steady") for r in runs[b]),
+        "buffered_ios": sum(r["buffered_ios"] for b in ("ours", "ours-steady")
+                            for r in runs[b]),
+        "drives": drives,
         "median_gbps": med,
     }
     for b, m in med.items():
-        print(f"[{kind}] {b:9s} write {m['write_gbps']:6.2f} GB/s  read {m['read_gbps']:6.2f} GB/s"
-              + (f"  byte-exact {out['exact_by_backend'][b]}/{PAGES * ROUNDS}"
-                 if b in BACKENDS else f"  (O_DIRECT, {IO_THREADS} threads; best of "
-                 f"{DISK_THREADS}: write {m['best_write_gbps']:.2f}, read "
-                 f"{m['best_read_gbps']:.2f})")
+        print(f"[{kind}] {b:11s} write {m['write_gbps']:6.2f} GB/s  read {m['read_gbps']:6.2f}"
+              " GB/s" + (f"  byte-exact {out['exact_by_backend'][b]}/{PAGES * ROUNDS}"
+                         if b in BACKENDS else f"  (O_DIRECT, {IO_THREADS} threads; first "
+                         f"fill of a new file: write {m['fill_write_gbps']:.2f}; best of "
+                         f"{DISK_THREADS}: write {m['best_write_gbps']:.2f}, read "
+                         f"{m['best_read_gbps']:.2f})")
               + (f"; v1 calls alone: write {m['write_gbps_v1']:.2f}, read "
                  f"{m['read_gbps_v1']:.2f} GB/s" if "write_gbps_v1" in m else ""), flush=True)
-    for n, d in drives.items():
-        print(f"[{kind}] ours on {n} dir(s): write {d['write_gbps']:.2f} GB/s, read "
-              f"{d['read_gbps']:.2f} GB/s, byte-exact {d['exact_pages']}/{PAGES}, pages per dir "
-              f"{d['pages_per_dir'] or [PAGES]}", flush=True)
     print(f"[{kind}] ours vs disk: read {out['read_vs_disk']:.2f}x, write "
-          f"{out['write_vs_disk']:.2f}x (the v1 calls alone: read {out['read_vs_disk_v1']:.2f}x, "
-          f"write {out['write_vs_disk_v1']:.2f}x; with a DRAM tier in front: read "
-          f"{out['read_vs_disk_with_dram']:.2f}x); vs mori's SSD node: read "
-          f"{out['read_vs_mori_ssd']:.1f}x, write {out['write_vs_mori_ssd']:.1f}x; vs file: read "
-          f"{out['read_vs_file']:.2f}x, write {out['write_vs_file']:.2f}x; O_DIRECT transfers "
-          f"{out['direct_ios']}, through the page cache {out['buffered_ios']}", flush=True)
+          f"{out['write_vs_disk']:.2f}x after the first fill, "
+          f"{out['write_vs_disk_first_fill']:.2f}x filling a new drive (the v1 calls alone: "
+          f"read {out['read_vs_disk_v1']:.2f}x, write {out['write_vs_disk_v1']:.2f}x; with a "
+          f"DRAM tier in front: read {out['read_vs_disk_with_dram']:.2f}x); vs mori's SSD node: "
+          f"read {out['read_vs_mori_ssd']:.1f}x, write {out['write_vs_mori_ssd']:.1f}x; vs file: "
+          f"read {out['read_vs_file']:.2f}x, write {out['write_vs_file']:.2f}x; O_DIRECT "
+          f"transfers {out['direct_ios']}, through the page cache {out['buffered_ios']}",
+          flush=True)
     return out
+
+
+def drive_scaling(stack: S.Stack, kind: str, page_bytes: int,
+                  capacity: int) -> dict[str, Any]:
+    """Ours striped over 1, 2 and 4 drives, each a block device of its own capped at DRIVE_BPS
+    (bench/throttled_drives.py), against one such drive's own O_DIRECT bandwidth: ``scaling``
+    is ours on N drives over N times one drive. Where throttled drives cannot be made (not
+    root), directories on the one shared disk: page counts per directory and no regression."""
+    parts = 1 if kind == "r1" else 2
+    why = unavailable()
+    if why:
+        print(f"[{kind}] drives: no throttled drives ({why}); directories on one disk",
+              flush=True)
+        base = Path(tempfile.mkdtemp(prefix="drives-", dir=os.environ.get("BENCH_SSD_DIR",
+                                                                         "/var/tmp")))
+        try:
+            return {str(n): _per_drives(stack, [base / f"nvme{i}" for i in range(n)] if n > 1
+                                        else None, base, 77_000 + n, capacity)
+                    for n in DRIVE_COUNTS}
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+    size = capacity + (512 * MIB)  # ext4's own metadata besides the tier's files
+    with throttled_drives(max(DRIVE_COUNTS), DRIVE_BPS, size) as mounts:
+        one = disk_bandwidth(mounts[0], page_bytes, parts, (IO_THREADS,))
+        out: dict[str, Any] = {"drive_mbps": DRIVE_BPS // 1_000_000,
+                               "one_drive_gbps": {k: round(one[k], 3)
+                                                  for k in ("read_gbps", "write_gbps")}}
+        for n in DRIVE_COUNTS:
+            res = _per_drives(stack, [m / "tier" for m in mounts[:n]], mounts[0],
+                              88_000 + n, capacity)
+            res["read_scaling"] = round(res["read_gbps"] / (n * one["read_gbps"]), 3)
+            res["write_scaling"] = round(res["write_gbps"] / (n * one["write_gbps"]), 3)
+            out[str(n)] = res
+    print(f"[{kind}] drives of {DRIVE_BPS / 1e6:.0f} MB/s each (one alone, O_DIRECT: read "
+          f"{one['read_gbps']:.3f}, write {one['write_gbps']:.3f} GB/s):", flush=True)
+    for n in DRIVE_COUNTS:
+        d = out[str(n)]
+        print(f"[{kind}]   ours on {n}: read {d['read_gbps']:.3f} GB/s "
+              f"({d['read_scaling']:.2f} of {n} drives), write {d['write_gbps']:.3f} GB/s "
+              f"({d['write_scaling']:.2f}), byte-exact {d['exact_pages']}/{PAGES}, page parts "
+              f"per drive {d['pages_per_dir']}", flush=True)
+    return out
+
+
+def _per_drives(stack: S.Stack, drives: list[Path] | None, ssd_dir: Path, seed: int,
+                capacity: int) -> dict[str, Any]:
+    res = run_backend(stack, "ours", ssd_dir, seed, capacity, drives=drives)
+    return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()
+            if k in ("read_gbps", "write_gbps", "exact_pages", "pages_per_dir")}
 
 
 def main() -> None:
@@ -313,7 +421,8 @@ def main() -> None:
     try:
         model = E.tiny_model_dir(workdir)
         kinds = {kind: bench_kind(kind, model, workdir) for kind in ("mha", "r1")}
-        keys = ("read_vs_disk", "write_vs_disk", "read_vs_disk_v1", "write_vs_disk_v1",
+        keys = ("read_vs_disk", "write_vs_disk", "write_vs_disk_first_fill",
+                "read_vs_disk_v1", "write_vs_disk_v1",
                 "read_vs_disk_with_dram", "read_vs_mori_ssd",
                 "write_vs_mori_ssd", "read_vs_file", "write_vs_file")
         result: dict[str, Any] = {k: round(min(v[k] for v in kinds.values()), 3) for k in keys}

@@ -24,20 +24,22 @@ class Bandwidth:
     source: str
 
 
-#: GB/s a hit moves, per tier, as measured (docs/performance.md, "line N" of that file).
+#: GB/s a hit moves, per tier, as measured (docs/performance.md, the section named).
 MEASURED_BANDWIDTH: dict[str, Bandwidth] = {
-    "host": Bandwidth(55.2, "docs/performance.md line 737: registered host memory -> GPU, "
-                            "55.2 GB/s (H200, PCIe Gen5; no MI355X measured yet)"),
-    "l3_dram": Bandwidth(16.10, "docs/performance.md line 349: MLA prefetch from the UMBP DRAM "
-                                "tier through SGLang's controller, 16.10 GB/s"),
-    "l3_ssd": Bandwidth(0.71, "docs/performance.md line 487: our SSD tier reads DeepSeek-R1 "
-                              "pages through SGLang's controller at 0.71 GB/s, 0.97x of the "
-                              "test disk's own O_DIRECT reads (one virtio disk; give a node's "
-                              "drives with --bandwidth)"),
+    "host": Bandwidth(55.2, "docs/performance.md, Host pool <-> GPU transfers (DESIGN §7): "
+                            "registered host memory -> GPU, 55.2 GB/s (H200, PCIe Gen5; no "
+                            "MI355X measured yet)"),
+    "l3_dram": Bandwidth(16.10, "docs/performance.md, Backends side by side: MLA prefetch from "
+                                "the UMBP DRAM tier through SGLang's controller, 16.10 GB/s"),
+    "l3_ssd": Bandwidth(0.71, "docs/performance.md, The SSD tier at the disk's speed: our SSD "
+                              "tier reads DeepSeek-R1 pages through SGLang's controller at "
+                              "0.71-1.97 GB/s on the test machine's one virtio disk (the "
+                              "slowest run; give a node's drives with --bandwidth)"),
 }
 #: ``spec.l3.ssd.engine: mori``: mori 1.2.4's SSD node, whatever the drives.
-MORI_SSD_BANDWIDTH = Bandwidth(0.10, "docs/performance.md line 435: reads back from mori 1.2.4's "
-                                     "SSD tier, 0.04-0.10 GB/s (its staging leases bound it)")
+MORI_SSD_BANDWIDTH = Bandwidth(0.10, "docs/performance.md, Backends side by side: reads back "
+                                     "from mori 1.2.4's SSD tier, 0.04-0.10 GB/s (its staging "
+                                     "leases bound it)")
 
 
 def measured_bandwidth(ssd_engine: str) -> dict[str, Bandwidth]:
