@@ -133,9 +133,11 @@ def served(requests: int) -> dict[str, Any]:
     """bench/trace_served.py in the engine environment; its last line (JSON)."""
     cmd = [str(ENGINE_PY), str(ROOT / "bench/trace_served.py"), "--requests", str(requests)]
     print("served phases: " + " ".join(cmd), flush=True)
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
     lines = proc.stdout.strip().splitlines()
-    print("\n".join(lines[:-1]), flush=True)
+    print("\n".join(lines[:-1] if proc.returncode == 0 else lines), flush=True)
+    if proc.returncode:  # what the phases printed before they failed is above
+        raise SystemExit(f"served phases failed (exit {proc.returncode})")
     out: dict[str, Any] = json.loads(lines[-1])
     return out
 

@@ -143,8 +143,10 @@ def router_cr(trace: Any) -> dict[str, Any]:
     cr["spec"]["l3"]["ssd"] = {"enabled": False}
     fast = {"intervalSeconds": 2, "timeoutSeconds": 5, "failureThreshold": 1,
             "successThreshold": 1}
-    cr["spec"]["router"] = {"enabled": True, "healthCheck": fast, "policy": "cache_aware",
-                            "tree": {"evictionIntervalSeconds": 2}}
+    # One router pod, as tests/pod/test_router_pod.py runs it: the phase measures where one
+    # router sends each request (two routers and their mesh: tests/e2e/test_router_mesh.py).
+    cr["spec"]["router"] = {"enabled": True, "replicas": 1, "healthCheck": fast,
+                            "policy": "cache_aware", "tree": {"evictionIntervalSeconds": 2}}
     return cr
 
 
