@@ -9,7 +9,7 @@ EXAMPLE ?= examples/deepseek-r1-mi355x.yaml
 
 .PHONY: help venv demo test lint test-unit test-mori test-sglang test-pod test-e2e test-chart \
         engine-env pod-node-tools chart-tools router-env bench-router bench-l3 bench-host-pool bench-plan bench-sglang \
-        bench-backends bench-ssd bench-pod bench-l3-hit bench-rollout bench-reconcile bench-router-load bench-router-memory bench-sidecar-slots bench-soak bench-trace render-chart crd env-doc clean
+        bench-backends bench-ssd bench-ssd-served bench-pod bench-l3-hit bench-rollout bench-reconcile bench-router-load bench-router-memory bench-sidecar-slots bench-soak bench-trace render-chart crd env-doc clean
 
 help:
 	@echo "make demo   - plan an example SGLangHiCache CR and show what the operator would create"
@@ -99,6 +99,10 @@ bench-backends: engine-env
 # backend, through SGLang's controller, in one run on one directory (BENCH_SSD_DIR, /var/tmp).
 bench-ssd: engine-env
 	$(ENGINE_PY) bench/ssd.py
+
+# Storage-hit TTFT from our SSD tier vs cold, after an engine and a whole-pod restart (root).
+bench-ssd-served: engine-env pod-node-tools
+	$(ENGINE_PY) bench/ssd_served.py
 
 bench-pod: engine-env pod-node-tools
 	$(ENGINE_PY) bench/pod.py

@@ -55,13 +55,14 @@ RIDLESS = ("batch_exists", "batch_get_v1", "load_l2_l1", "start_loading", "prepa
            "h2d_copy")
 
 
-def make_prompts(model_dir: Path, per_length: int) -> dict[int, list[str]]:
+def make_prompts(model_dir: Path, per_length: int,
+                 lengths: tuple[int, ...] = LENGTHS) -> dict[int, list[str]]:
     """Distinct prompts of each length in tokens (no shared first page between any two)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     out: dict[int, list[str]] = {}
-    for length in LENGTHS:
+    for length in lengths:
         out[length] = []
         for i in range(per_length):
             words: list[str] = []
