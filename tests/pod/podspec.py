@@ -1,7 +1,8 @@
 """What a kubelet derives from a pod spec before it starts anything (pure functions).
 
 Kubernetes semantics followed (v1.33 API docs): ``envFrom`` first, then ``env`` (later entries
-win; ``$(VAR)`` references expand against earlier ones); downward-API ``fieldRef`` and
+win; ``$(VAR)`` references expand against earlier ones, and in ``command`` and ``args`` against
+the container's spec environment); downward-API ``fieldRef`` and
 ``resourceFieldRef``; probe defaults (``timeoutSeconds`` 1, ``periodSeconds`` 10,
 ``successThreshold`` 1, ``failureThreshold`` 3, ``initialDelaySeconds`` 0); native sidecars are
 init containers with ``restartPolicy: Always``; named ports resolve against the container's own
@@ -79,6 +80,14 @@ def container_env(container: dict[str, Any], configmaps: dict[str, dict[str, str
         else:
             env[name] = ""
     return env
+
+
+def command_line(container: dict[str, Any], env: dict[str, str]) -> list[str]:
+    """The container's command and args as the kubelet runs them: ``$(VAR)`` expanded from the
+    environment its spec defines (``env``: :func:`container_env`; the image's ENV takes no
+    part), an undefined reference left as written, ``$$(VAR)`` a literal ``$(VAR)``."""
+    return [_expand(str(a), env) for a in (*container.get("command", []),
+                                           *container.get("args", []))]
 
 
 _SUBSCRIPT = re.compile(r"^metadata\.(labels|annotations)\['([^']+)'\]$")

@@ -131,7 +131,8 @@ class Container:
 
     def start(self) -> None:
         pod, spec = self.pod, self.spec
-        env = {**pod.image.env, **podspec.container_env(spec, pod.configmaps, pod.meta)}
+        spec_env = podspec.container_env(spec, pod.configmaps, pod.meta)
+        env = {**pod.image.env, **spec_env}
         mounts = [{"source": str(pod.volume_host_path(m["name"])), "target": m["mountPath"],
                    "readOnly": bool(m.get("readOnly"))} for m in spec.get("volumeMounts", [])]
         pod_sc = pod.spec.get("securityContext", {})
@@ -164,7 +165,7 @@ class Container:
             "capabilities": [c.lower() for c in caps],
             "seccomp": seccomp_for(sc, caps),
             "no_new_privs": sc.get("allowPrivilegeEscalation") is False,
-            "argv": [*spec.get("command", []), *spec.get("args", [])],
+            "argv": podspec.command_line(spec, spec_env),
             "env": env,
         }
         self.user, self.env = shim_spec["user"], env
