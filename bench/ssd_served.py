@@ -58,7 +58,8 @@ PER_PHASE = int(os.environ.get("BENCH_SSD_SERVED_PROMPTS", "3"))
 def phase(port: int, c: Client, warm: str, stored: list[str], fresh: list[str],
           name: str) -> dict[str, Any]:
     """A warm-up (other text, then one stored prompt), then cold and SSD hits interleaved."""
-    before = {t: metric(c.metrics(), "hicache_umbp_l3_read_pages_total", tier=t)
+    page = c.metrics()
+    before = {t: metric(page, "hicache_umbp_l3_read_pages_total", tier=t)
               for t in ("dram", "ssd")}
     generate(port, "another warm up " * 40, f"{name}-warm-text")
     _, meta, _ = generate(port, warm, f"{name}-warm-stored")
@@ -76,7 +77,8 @@ def phase(port: int, c: Client, warm: str, stored: list[str], fresh: list[str],
     want = before["ssd"] + (warm_storage + sum(storage)) // PAGE
     deadline = time.monotonic() + 30
     while True:
-        after = {t: metric(c.metrics(), "hicache_umbp_l3_read_pages_total", tier=t)
+        page = c.metrics()
+        after = {t: metric(page, "hicache_umbp_l3_read_pages_total", tier=t)
                  for t in ("dram", "ssd")}
         if after["ssd"] >= want or time.monotonic() > deadline:
             break
