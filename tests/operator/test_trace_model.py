@@ -216,13 +216,47 @@ def test_cache_aware_keeps_sessions_and_beats_round_robin_under_pressure() -> No
     assert runs["cache_aware"].hit_ratio >= 1.5 * runs["round_robin"].hit_ratio
 
 
-def test_cache_aware_below_the_threshold_goes_to_the_smallest_tree() -> None:
-    trace = _trace([[1, 2, 3, 4], [1, 5, 6, 7], [8]])
+def test_cache_aware_below_the_threshold_goes_to_the_pod_with_the_fewest_requests() -> None:
+    # smg 1.13.0 sends a miss to the least loaded pod by (load, requests routed so far), not
+    # to the smallest tree: pod 1 holds 1 block and pod 0 holds 4, but after one request each
+    # the third miss is a draw between them, and the fourth goes to the pod the draw left
+    trace = _trace([[1, 2, 3, 4], [5], [6], [7]])
     r = replay(trace, TierTokens(1000, 0, 0, 0), FREE, pods=2,
                router=RouterConfig(policy="cache_aware", cache_threshold=0.3))
-    # the second request shares 1 of 4 blocks (0.25 <= 0.3): it goes to the empty pod 1
-    assert r.requests_per_pod == (2, 1)
-    assert r.hit_tokens["device"] == 0
+    assert r.requests_per_pod == (2, 2)
+    # the second request shares 1 of 4 blocks (0.25 <= 0.3): a miss, so to the idle pod 1
+    shared = replay(_trace([[1, 2, 3, 4], [1, 5, 6, 7]]), TierTokens(1000, 0, 0, 0), FREE,
+                    pods=2, router=RouterConfig(policy="cache_aware", cache_threshold=0.3))
+    assert shared.requests_per_pod == (1, 1)
+    assert shared.hit_tokens["device"] == 0
+
+
+def test_cache_aware_draws_among_equally_good_pods_by_its_salt() -> None:
+    # the second request shares 1 of 4 blocks, a miss, so block 1 is in both pods' trees; the
+    # third matches both equally: which pod gets it, and so which one the fourth (its next
+    # turn) follows, is a draw, repeatable for one salt
+    trace = _trace([[1, 2, 3, 4], [1, 5, 6, 7], [1, 8], [1, 8, 9]])
+    chosen = set()
+    for salt in range(16):
+        rc = RouterConfig(policy="cache_aware", cache_threshold=0.3, salt=salt)
+        runs = [replay(trace, TierTokens(1000, 0, 0, 0), FREE, pods=2, router=rc)
+                for _ in range(2)]
+        assert runs[0].requests_per_pod == runs[1].requests_per_pod
+        assert runs[0].hit_tokens == runs[1].hit_tokens
+        chosen.add(runs[0].requests_per_pod)
+    assert chosen == {(3, 1), (1, 3)}
+
+
+def test_replay_follows_given_routes_and_refuses_bad_ones() -> None:
+    trace = _sessions(3, 2, 1)
+    routes = [i % 2 for i in range(len(trace.requests))]
+    given = replay(trace, TierTokens(1000, 0, 0, 0), FREE, pods=2, routes=routes)
+    rr = replay(trace, TierTokens(1000, 0, 0, 0), FREE, pods=2,
+                router=RouterConfig(policy="round_robin"))
+    assert given.hit_tokens == rr.hit_tokens and given.router == "given routes"
+    for bad in (routes[:-1], [2] * len(routes)):
+        with pytest.raises(ValueError, match="routes must name one of 2 pods"):
+            replay(trace, TierTokens(1000, 0, 0, 0), FREE, pods=2, routes=bad)
 
 
 def test_tier_rates_follow_the_bytes_a_hit_reads() -> None:

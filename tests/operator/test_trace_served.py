@@ -4,11 +4,13 @@ every tier evict, and the model's prediction at the boundary with the served che
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import pytest
 from hicache_operator.planner.trace_model import (
     TIERS,
     Policy,
+    RouterConfig,
     Trace,
     load_trace,
     model_for_slice,
@@ -103,3 +105,21 @@ def test_the_ssd_prediction_is_the_mean_over_key_to_set_maps() -> None:
     assert (low, high) == (min(ssd), max(ssd))
     assert pred.hit_tokens["l3_ssd"] == round(sum(ssd) / 4)
     assert pred.hit_spread["device"][0] == pred.hit_spread["device"][1]  # the GPU has no sets
+
+
+def test_two_pods_behind_the_cache_aware_router_are_predicted_over_its_draws() -> None:
+    """smg picks among equally good pods in a way no replay can: two cache-aware pods get one
+    replay per draw (the mean, with the spread of the hit ratio); round-robin leaves nothing
+    to chance and gets one."""
+    sliced = scale_trace(_conversation(), 16, count=300)
+    cap = replace(pressure_capacities(sliced, 16), l3_ssd=0)
+    policy = Policy(page_size=16, write_policy="write_through")
+    aware = model_for_slice(sliced, cap, policy, pods=2,
+                            router=RouterConfig(policy="cache_aware"), samples=6)
+    ratios = [r.hit_ratio for r in aware.results]
+    assert len(ratios) == 6 and len(set(ratios)) > 1
+    assert aware.hit_ratio_spread == (min(ratios), max(ratios))
+    assert min(ratios) <= aware.hit_ratio <= max(ratios)
+    robin = model_for_slice(sliced, cap, policy, pods=2,
+                            router=RouterConfig(policy="round_robin"), samples=6)
+    assert len(robin.results) == 1

@@ -7,6 +7,7 @@ served by its pod (:mod:`.pod`). ``theoretical_hit`` is the bound the Mooncake p
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .pod import PodCache
@@ -46,7 +47,8 @@ class ReplayResult:
         return self.prompt_tokens - self.hits
 
 
-def _sizes(input_length: int, blocks: int, block_tokens: int) -> list[int]:
+def block_sizes(input_length: int, blocks: int, block_tokens: int) -> list[int]:
+    """Tokens of each of a request's blocks: all whole but the last."""
     sizes = [block_tokens] * blocks
     sizes[-1] = input_length - block_tokens * (blocks - 1)
     return sizes
@@ -54,11 +56,17 @@ def _sizes(input_length: int, blocks: int, block_tokens: int) -> list[int]:
 
 def replay(trace: Trace, capacity: TierTokens, policy: Policy, *, pods: int = 1,
            router: RouterConfig | None = None, prefill_tokens_per_s: float = 50_000.0,
-           keep_requests: bool = False) -> ReplayResult:
+           keep_requests: bool = False, routes: Sequence[int] | None = None) -> ReplayResult:
     """``capacity`` per pod; ``keep_requests`` keeps each request's (device, host, DRAM, SSD,
-    input) tokens for a per-request TTFT estimate (:mod:`.estimate`)."""
+    input) tokens for a per-request TTFT estimate (:mod:`.estimate`); ``routes``: the pod of
+    each request as a real router chose it, instead of the model's router
+    (``bench/router_replay.py``)."""
     if pods < 1:
         raise ValueError("pods must be >= 1")
+    if routes is not None and (len(routes) != len(trace.requests)
+                               or any(not 0 <= r < pods for r in routes)):
+        raise ValueError(f"routes must name one of {pods} pods for each of "
+                         f"{len(trace.requests)} requests")
     caches = [PodCache(capacity, policy) for _ in range(pods)]
     route = Router(router or RouterConfig(policy="round_robin"), pods)
     totals = [0, 0, 0, 0]
@@ -66,10 +74,11 @@ def replay(trace: Trace, capacity: TierTokens, policy: Policy, *, pods: int = 1,
     kept: list[tuple[int, int, int, int, int]] = []
     bt = trace.block_tokens
     t0 = trace.requests[0].timestamp_ms if trace.requests else 0
-    for req in trace.requests:
-        sizes = _sizes(req.input_length, len(req.blocks), bt)
+    for i, req in enumerate(trace.requests):
+        sizes = block_sizes(req.input_length, len(req.blocks), bt)
         now = (req.timestamp_ms - t0) / 1000
-        pod = route.route(req.blocks, sizes, req.input_length, now)
+        pod = route.route(req.blocks, sizes, req.input_length, now) if routes is None \
+            else routes[i]
         hit = caches[pod].serve(req.blocks, sizes, req.input_length)
         per_pod[pod] += 1
         for k in range(4):
@@ -82,7 +91,8 @@ def replay(trace: Trace, capacity: TierTokens, policy: Policy, *, pods: int = 1,
     return ReplayResult(
         trace=trace.name, requests=len(trace.requests), prompt_tokens=trace.prompt_tokens,
         duration_s=trace.duration_s, pods=pods, capacity=capacity, policy=policy,
-        router=route.config.policy if pods > 1 else "single pod",
+        router=("given routes" if routes is not None else route.config.policy) if pods > 1
+        else "single pod",
         hit_tokens=dict(zip(TIERS, totals, strict=True)), evicted_tokens=evicted,
         requests_per_pod=tuple(per_pod), ttft_inputs=tuple(kept),
     )
@@ -116,7 +126,7 @@ def footprint_tokens(trace: Trace) -> int:
     sizes: dict[int, int] = {}
     bt = trace.block_tokens
     for req in trace.requests:
-        for key, size in zip(req.blocks, _sizes(req.input_length, len(req.blocks), bt),
+        for key, size in zip(req.blocks, block_sizes(req.input_length, len(req.blocks), bt),
                              strict=True):
             sizes.setdefault(key, size)
     return sum(sizes.values())

@@ -3,11 +3,20 @@
 * ``cache_aware``: smg keeps its own approximate prefix tree per pod (the request text it sent
   there, LRU-evicted to ``--max-tree-size``). When loads are balanced it sends a request to the
   pod whose tree shares the longest prefix if that prefix is more than ``cache_threshold`` of the
-  request, else to the pod with the smallest tree; when the in-flight counts are unbalanced
+  request, else to the least loaded pod, ties broken by the fewest requests routed to it so far
+  (smg's ``select_worker``, the key ``(load, processed)``; its header comment's "smallest tree"
+  is older than its code); when the in-flight counts are unbalanced
   (``max - min > balance_abs_threshold`` and ``max > balance_rel_threshold * min``) to the least
-  loaded pod. The tree is modelled in blocks, ``tree_tokens`` per pod: the planner's
-  ``--max-tree-size`` over ``charsPerToken`` (smg evicts each pod's part of the tree to that
-  size, ``evict_tenant_by_size``).
+  loaded pod by the same key. The tree is modelled in blocks, ``tree_tokens`` per pod: the
+  planner's ``--max-tree-size`` over ``charsPerToken`` (smg evicts each pod's part of the tree
+  to that size, ``evict_tenant_by_size``).
+
+  Where pods are equally good (a prefix both pods' trees hold; equal loads and counts), smg's
+  choice cannot be predicted: eight runs of the same 500 requests through the real smg 1.13.0
+  chose differently every time (``bench/router_replay.py``). The model draws those ties from a
+  generator seeded by ``salt``, so one replay is one possible run, and
+  :func:`~.served.model_for_slice` averages several. Always taking the first pod instead is a
+  bias, not a neutral choice: it piles every shared prefix onto pod 0.
 * ``round_robin``: request ``i`` to pod ``i mod N``.
 * ``prefix_hash``: a hash of the prompt's first ``prefix_token_count`` tokens (smg's default
   256, within the first block of either trace format) picks the pod.
@@ -20,6 +29,7 @@ the balance check sees.
 from __future__ import annotations
 
 import heapq
+import random
 from dataclasses import dataclass
 from typing import Literal
 
@@ -38,6 +48,7 @@ class RouterConfig:
     balance_rel_threshold: float = 1.5
     tree_tokens: int | None = None  # per pod; None: unbounded
     decode_tokens_per_s: float = 30.0  # one request's output rate, for the in-flight count
+    salt: int = 0  # seeds the draw among equally good pods
 
 
 def _mix(key: int) -> int:
@@ -56,7 +67,12 @@ class Router:
         cap = config.tree_tokens if config.tree_tokens is not None else 1 << 62
         self.trees = [LruTier(cap) for _ in range(pods)]
         self.in_flight = [0] * pods
+        self.processed = [0] * pods
         self._ends: list[tuple[float, int]] = []
+        self._rng = random.Random(f"router:{config.salt}")
+
+    def _draw(self, candidates: list[int]) -> int:
+        return candidates[0] if len(candidates) == 1 else self._rng.choice(candidates)
 
     def route(self, blocks: tuple[int, ...], sizes: list[int], input_length: int,
               now_s: float) -> int:
@@ -77,23 +93,26 @@ class Router:
         while ends and ends[0][0] <= now_s:
             flight[heapq.heappop(ends)[1]] -= 1
         lo, hi = min(flight), max(flight)
+        keys = [(flight[p], self.processed[p]) for p in range(self.pods)]
+        least = min(keys)
+        least_loaded = [p for p in range(self.pods) if keys[p] == least]
         if hi - lo > c.balance_abs_threshold and hi > c.balance_rel_threshold * lo:
-            pod = flight.index(lo)
+            pod = self._draw(least_loaded)
         else:
-            best, best_tokens = 0, -1
-            for p, tree in enumerate(self.trees):
-                entries, matched = tree.entries, 0
+            matched = []
+            for tree in self.trees:
+                entries, tokens = tree.entries, 0
                 for k, key in enumerate(blocks):
                     if key not in entries:
                         break
-                    matched += sizes[k]
-                if matched > best_tokens:
-                    best, best_tokens = p, matched
-            if best_tokens / input_length > c.cache_threshold:
-                pod = best
+                    tokens += sizes[k]
+                matched.append(tokens)
+            best = max(matched)
+            if best / input_length > c.cache_threshold:
+                pod = self._draw([p for p in range(self.pods) if matched[p] == best])
             else:
-                used = [t.used for t in self.trees]
-                pod = used.index(min(used))
+                pod = self._draw(least_loaded)
+        self.processed[pod] += 1
         tree = self.trees[pod]
         for k in range(len(blocks) - 1, -1, -1):
             tree.add(blocks[k], sizes[k], None)

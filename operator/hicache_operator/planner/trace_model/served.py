@@ -102,14 +102,16 @@ def pressure_capacities(trace: Trace, page_size: int,
 
 
 #: Replays averaged per prediction: our SSD tier maps keys to sets by a hash the trace cannot
-#: give, so the model predicts the mean over this many maps (and says their spread).
+#: give, and smg picks among equally good pods in a way no replay can (``routing``), so the
+#: model predicts the mean over this many maps and draws (and says their spread).
 SSD_SAMPLES = 32
 
 
 @dataclass(frozen=True)
 class SlicePrediction:
     """What the model predicts for a served replay of ``trace`` on pods of ``capacity``: the
-    mean hit tokens per tier over ``len(results)`` key -> set maps of the SSD tier."""
+    mean hit tokens per tier over ``len(results)`` key -> set maps of the SSD tier and draws
+    of the router among equally good pods."""
 
     trace: Trace
     capacity: TierTokens
@@ -135,6 +137,12 @@ class SlicePrediction:
         return sum(self.hit_tokens.values()) / self.trace.prompt_tokens
 
     @property
+    def hit_ratio_spread(self) -> tuple[float, float]:
+        """(least, most) hit ratio over the maps and draws."""
+        ratios = [r.hit_ratio for r in self.results]
+        return min(ratios), max(ratios)
+
+    @property
     def evicted_tokens(self) -> dict[str, int]:
         return self.result.evicted_tokens
 
@@ -148,9 +156,13 @@ def model_for_slice(trace: Trace, capacity: TierTokens, policy: Policy, *, pods:
                     router: RouterConfig | None = None,
                     samples: int = SSD_SAMPLES) -> SlicePrediction:
     """The model's per-tier hit tokens for a (scaled) slice on pods of ``capacity``: the mean
-    of ``samples`` replays with different SSD key -> set maps (one without a set-associative
-    SSD tier)."""
-    n = samples if policy.ssd_ways is not None and capacity.l3_ssd else 1
+    of ``samples`` replays with different SSD key -> set maps and router draws (one when
+    neither a set-associative SSD tier nor a cache-aware router over several pods leaves
+    anything to chance)."""
+    sets = policy.ssd_ways is not None and capacity.l3_ssd > 0
+    draws = pods > 1 and router is not None and router.policy == "cache_aware"
+    n = samples if sets or draws else 1
     return SlicePrediction(trace, capacity, tuple(
-        replay(trace, capacity, replace(policy, ssd_salt=salt), pods=pods, router=router)
+        replay(trace, capacity, replace(policy, ssd_salt=salt), pods=pods,
+               router=replace(router, salt=salt) if router is not None else None)
         for salt in range(n)))
