@@ -9,7 +9,7 @@ EXAMPLE ?= examples/deepseek-r1-mi355x.yaml
 
 .PHONY: help venv demo test lint test-unit test-mori test-sglang test-pod test-e2e test-chart \
         engine-env pod-node-tools chart-tools router-env bench-router bench-l3 bench-host-pool bench-plan bench-sglang \
-        bench-backends bench-ssd bench-ssd-served bench-pod bench-l3-hit bench-rollout bench-reconcile bench-router-load bench-router-memory bench-sidecar-slots bench-soak bench-trace render-chart crd env-doc clean
+        bench-backends bench-ssd bench-ssd-served bench-pod bench-l3-hit bench-rollout bench-reconcile bench-router-load bench-router-memory bench-router-replay bench-sidecar-slots bench-soak bench-trace render-chart crd env-doc clean
 
 help:
 	@echo "make demo   - plan an example SGLangHiCache CR and show what the operator would create"
@@ -126,6 +126,11 @@ bench-router: engine-env router-env
 # planner's load rules, counted per follow-up turn (no root, no engine).
 bench-router-load: venv router-env
 	$(PY) bench/router_load.py
+
+# Where the real router sends each request of bench-trace's router slice, run after run,
+# through the trace model's caches (no root, no engine)
+bench-router-replay: engine-env router-env
+	$(ENGINE_PY) bench/router_replay.py
 
 bench-router-memory: venv router-env
 	$(PY) bench/router_memory.py

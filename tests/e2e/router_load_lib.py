@@ -28,8 +28,8 @@ import socket
 import subprocess
 import time
 import urllib.request
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,7 +103,7 @@ def routing_args(deployment: dict[str, Any]) -> list[str]:
     return drop_flags(args, _POD_FLAGS)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -132,29 +132,39 @@ def _healthy(base: str) -> set[str]:
         return set()
 
 
+@contextmanager
+def started_router(smg: Path, args: list[str], urls: list[str], log: Path,
+                   *extra: str) -> Iterator[str]:
+    """A fresh smg started with ``args`` (``launch`` and routing flags) and ``extra`` in front
+    of ``urls``, once it lists all of them as healthy; yields its base URL."""
+    router_port, metrics_port = free_port(), free_port()
+    base = f"http://127.0.0.1:{router_port}"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [str(smg), *args, "--host", "127.0.0.1", "--port", str(router_port),
+             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+             *extra, "--worker-urls", *urls],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            _wait(lambda: _healthy(base) == set(urls), "the router's workers")
+            yield base
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
 def run_case(smg: Path, case: str, args: list[str], ips: tuple[str, str, str], log: Path, *,
              sessions: int = 16, turns: int = 3, busy_waiting: int = 16,
              busy_token_usage: float = 0.9) -> LoadResult:
     """One run of the workload (module docstring) through a fresh smg started with ``args``
     (``launch`` and routing flags) in front of workers at ``ips`` (the third joins later)."""
-    port, router_port, metrics_port = _free_port(), _free_port(), _free_port()
-    base = f"http://127.0.0.1:{router_port}"
+    port = free_port()
     urls = [f"http://{ip}:{port}" for ip in ips]
     with ExitStack() as stack:
         workers = [stack.enter_context(SGLangStandIn(ip, port)) for ip in ips]
-        out = stack.enter_context(open(log, "ab"))
-        proc = subprocess.Popen(
-            [str(smg), *args, "--host", "127.0.0.1", "--port", str(router_port),
-             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
-             "--load-monitor-interval", "1", "--worker-urls", *urls[:2]],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-        def stop() -> None:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        stack.callback(stop)
-        _wait(lambda: _healthy(base) == set(urls[:2]), "the router's first two workers")
+        base = stack.enter_context(started_router(smg, args, urls[:2], log,
+                                                  "--load-monitor-interval", "1"))
 
         def send(text: str) -> None:
             _post(base, "/generate", {"model": MODEL, "text": text,
