@@ -7,7 +7,7 @@ through real CPU pods, beside the model's prediction. Last line: one JSON object
    ``meta_info`` and the store's ``hicache_umbp_l3_read_pages_total{tier}``;
    ``served_vs_model_<tier>``.
 2. **Two served pods behind the router under cache pressure**: the first ``--router-requests``
-   (500) requests, SSD off (DRAM, host and device under pressure), through SGLang's
+   (1,200) requests, SSD off (DRAM, host and device under pressure), through SGLang's
    real model gateway (smg 1.13.0, ``tests/pod/cluster``: the operator in the API emulator, the
    pods in a pod network), once with ``cache_aware`` (the tree the planner sizes) and once with
    ``round_robin``, on the same two pods (caches flushed, a different prompt seed per phase so
@@ -160,7 +160,9 @@ def two_pods(root: Path, node: Node, image: Any, models: Path, requests: int) ->
     for name in ("cache_aware", "round_robin"):
         rc = router_config(p.spec, p.router, 2, name)  # type: ignore[arg-type]
         pred = model_for_slice(trace, capacity, policy, pods=2, router=rc)
-        model[name] = {"hit_ratio": _r(pred.hit_ratio), "hit_tokens": pred.hit_tokens,
+        low, high = pred.hit_ratio_spread
+        model[name] = {"hit_ratio": _r(pred.hit_ratio), "hit_ratio_spread": [_r(low), _r(high)],
+                       "draws": len(pred.results), "hit_tokens": pred.hit_tokens,
                        "requests_per_pod": list(pred.result.requests_per_pod),
                        "tree_tokens": rc.tree_tokens}
     pooled = TierTokens(*(2 * capacity.get(t) for t in TIERS))
@@ -190,8 +192,9 @@ def two_pods(root: Path, node: Node, image: Any, models: Path, requests: int) ->
                   + json.dumps(measured[name]), flush=True)
     aware, robin = measured["cache_aware"]["hit_ratio"], measured["round_robin"]["hit_ratio"]
     predicted = model["cache_aware"]["hit_ratio"] / model["round_robin"]["hit_ratio"]
+    low, high = model["cache_aware"]["hit_ratio_spread"]
     return {"requests": requests, "capacity": capacity.__dict__, "model": model,
-            "measured": measured,
+            "measured": measured, "served_within_model_spread": low <= aware <= high,
             "router_vs_round_robin_hit": _r(aware / robin, 3) if robin else None,
             "router_vs_round_robin_hit_predicted": _r(predicted, 3),
             "router_vs_bound": _r(aware / model["bound"], 3),
@@ -202,8 +205,10 @@ def two_pods(root: Path, node: Node, image: Any, models: Path, requests: int) ->
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=800, help="the single-pod slice")
-    # Two pods, each policy in turn: a shorter slice keeps the phase near ten minutes.
-    ap.add_argument("--router-requests", type=int, default=500, help="the two-pod slice")
+    # Two pods, each policy in turn. Where each new conversation lands is a draw (the
+    # routing module): over the first 500 requests one run's hit ratio can fall anywhere in
+    # 0.84-1.05x of the model's bound (its 32 draws); over 1,200 in 0.97-1.01x.
+    ap.add_argument("--router-requests", type=int, default=1200, help="the two-pod slice")
     ap.add_argument("--phases", default="single,router")
     args = ap.parse_args()
     phases = args.phases.split(",")
