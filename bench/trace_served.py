@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,13 @@ def single_pod(root: Path, node: Node, image: Any, models: Path, requests: int) 
     planned = plan_pod(cr, admin_config(node))
     capacity, policy = capacity_of(planned, cr)
     predicted = model_for_slice(trace, capacity, policy)
+    # How much 2% of UMBP DRAM's capacity moves the DRAM / SSD split (mori evicts after each
+    # put call, whose size moves with timing): the split's sensitivity, beside the served runs.
+    sensitivity = {}
+    for factor in (0.98, 1.02):
+        dram = int(capacity.l3_dram * factor) // PAGE * PAGE
+        hits = model_for_slice(trace, replace(capacity, l3_dram=dram), policy).hit_tokens
+        sensitivity[str(factor)] = {t: hits[t] for t in ("l3_dram", "l3_ssd")}
     pod = start_pod(planned, node, image, root / "single", {"tiny-models": models})
     try:
         pod.wait_ready(600)
@@ -82,9 +90,10 @@ def single_pod(root: Path, node: Node, image: Any, models: Path, requests: int) 
            "served_hit_tokens": served.hit_tokens, "served_storage_tokens": served.storage_tokens,
            "replay_s": _r(served.seconds, 1),
            **{k: _r(v) for k, v in predicted.served_vs_model(served.hit_tokens).items()},
-           # L3 as a whole: its DRAM/SSD split moves with the write-back ring's timing
+           # L3 as a whole: its DRAM / SSD split moves with mori's eviction timing
            "served_vs_model_l3": _r(served.storage_tokens / (
-               predicted.hit_tokens["l3_dram"] + predicted.hit_tokens["l3_ssd"]))}
+               predicted.hit_tokens["l3_dram"] + predicted.hit_tokens["l3_ssd"])),
+           "dram_capacity_sensitivity": sensitivity}
     print("single pod: " + json.dumps(out), flush=True)
     return out
 
