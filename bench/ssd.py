@@ -202,7 +202,8 @@ def run_backend(stack: S.Stack, name: str, ssd_dir: Path, seed: int, capacity: i
         if name == "ours-steady":
             ctrl.detach_storage_backend()
             for d in dirs:
-                prewrite(d)
+                if not prewrite(d):  # else "steady" would time a first fill after all
+                    raise RuntimeError(f"no tier data file under {d} to write end to end")
             attach()
         tokens, hashes, idx, want = fresh_pages(stack, seed)
         nbytes = sum(len(p) for p in want)
@@ -379,11 +380,17 @@ def drive_scaling(stack: S.Stack, kind: str, page_bytes: int,
         base = Path(tempfile.mkdtemp(prefix="drives-", dir=os.environ.get("BENCH_SSD_DIR",
                                                                          "/var/tmp")))
         try:
-            return {str(n): _per_drives(stack, [base / f"nvme{i}" for i in range(n)] if n > 1
-                                        else None, base, 77_000 + n, capacity)
-                    for n in DRIVE_COUNTS}
+            shared = {str(n): _per_drives(stack, [base / f"nvme{i}" for i in range(n)] if n > 1
+                                          else None, base, 77_000 + n, capacity)
+                      for n in DRIVE_COUNTS}
         finally:
             shutil.rmtree(base, ignore_errors=True)
+        for n in DRIVE_COUNTS:
+            d = shared[str(n)]
+            print(f"[{kind}]   ours on {n} directories: read {d['read_gbps']:.3f} GB/s, write "
+                  f"{d['write_gbps']:.3f} GB/s, byte-exact {d['exact_pages']}/{PAGES}, page "
+                  f"parts per directory {d['pages_per_dir']}", flush=True)
+        return shared
     size = capacity + (512 * MIB)  # ext4's own metadata besides the tier's files
     with throttled_drives(max(DRIVE_COUNTS), DRIVE_BPS, size) as mounts:
         one = disk_bandwidth(mounts[0], page_bytes, parts, (IO_THREADS,))

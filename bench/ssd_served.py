@@ -35,7 +35,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +47,7 @@ from pod.image import served_files  # noqa: E402
 from pod.node import Node  # noqa: E402
 from pod.test_restart_pod import restart_engine  # noqa: E402
 from pod.test_serving_pod import fillers  # noqa: E402
-from pod.test_ssd_pod import metric, wait_ssd_caught_up  # noqa: E402
+from pod.test_ssd_pod import metric, metric_at_least, wait_ssd_caught_up  # noqa: E402
 
 PAGE = 32
 TOKENS = int(os.environ.get("BENCH_SSD_SERVED_TOKENS", "1536"))
@@ -73,16 +72,9 @@ def phase(port: int, c: Client, warm: str, stored: list[str], fresh: list[str],
         hit.append(lat)
         storage.append((meta.get("cached_tokens_details") or {}).get("storage", 0))
         full.append(meta["prompt_tokens"] // PAGE * PAGE)
-    # The store's counters reach /metrics on SGLang's next get_stats (at most twice a second).
     want = before["ssd"] + (warm_storage + sum(storage)) // PAGE
-    deadline = time.monotonic() + 30
-    while True:
-        page = c.metrics()
-        after = {t: metric(page, "hicache_umbp_l3_read_pages_total", tier=t)
-                 for t in ("dram", "ssd")}
-        if after["ssd"] >= want or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+    page = metric_at_least(c, "hicache_umbp_l3_read_pages_total", want, tier="ssd")
+    after = {t: metric(page, "hicache_umbp_l3_read_pages_total", tier=t) for t in ("dram", "ssd")}
     c_med, h_med = statistics.median(cold), statistics.median(hit)
     out = {"ttft_cold_s": round(c_med, 4), "ttft_ssd_hit_s": round(h_med, 4),
            "ssd_hit_vs_cold": round(h_med / c_med, 3), "ttft_cold_all_s": [round(x, 4) for x

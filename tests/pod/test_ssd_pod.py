@@ -36,6 +36,17 @@ def metric(text: str, name: str, **labels: str) -> float:
     return total
 
 
+def metric_at_least(c: Client, name: str, want: float, timeout_s: float = 30,
+                    **labels: str) -> str:
+    """The /metrics page once ``name`` (with ``labels``) reaches ``want``, or the last one after
+    ``timeout_s``: the store's counters reach /metrics on SGLang's next get_stats (at most
+    twice a second)."""
+    deadline = time.monotonic() + timeout_s
+    while metric(text := c.metrics(), name, **labels) < want and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return text
+
+
 def wait_ssd_caught_up(c: Client, timeout_s: float = 120, *, backups: bool = True) -> None:
     """L3 holds what SGLang backed up to L2 (when it backed anything up), and our write-back
     ring has reached the SSD."""
@@ -53,11 +64,7 @@ def served_from_ssd(c: Client, cold: dict) -> dict:
     full_pages = warm["meta_info"]["prompt_tokens"] // 16 * 16
     assert details.get("storage") == full_pages, warm["meta_info"]
     assert warm["text"] == cold["text"]
-    # the store's counters reach /metrics on SGLang's next get_stats (at most twice a second)
-    deadline = time.monotonic() + 30
-    while metric(text := c.metrics(), "hicache_umbp_l3_read_pages_total", tier="ssd") \
-            < full_pages // 16 and time.monotonic() < deadline:
-        time.sleep(0.5)
+    text = metric_at_least(c, "hicache_umbp_l3_read_pages_total", full_pages // 16, tier="ssd")
     assert metric(text, "hicache_umbp_l3_read_pages_total", tier="ssd") >= full_pages // 16
     assert metric(text, "hicache_umbp_l3_read_pages_total", tier="dram") == 0
     assert metric(text, "hicache_umbp_ssd_read_bytes_total") > 0
