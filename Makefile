@@ -30,7 +30,16 @@ lint: venv
 	$(VENV)/bin/mypy tests
 	$(VENV)/bin/lint-imports
 
-test: lint test-unit test-mori test-sglang test-pod test-e2e test-chart
+# The environments (downloads, unpacking: network and disk) build while lint and the unit tier
+# (CPU) run; their output is shown once both are done. The other tiers then run one at a time.
+test: venv
+	@mkdir -p .cache
+	@( $(MAKE) --no-print-directory -j1 engine-env router-env chart-tools pod-node-tools \
+	    > .cache/envs.log 2>&1; echo $$? > .cache/envs.rc ) & \
+	  $(MAKE) --no-print-directory -j1 lint test-unit; rc=$$?; wait; \
+	  echo "== the environments (built beside lint and the unit tier) =="; cat .cache/envs.log; \
+	  [ $$rc -eq 0 ] && [ "$$(cat .cache/envs.rc)" = 0 ]
+	$(MAKE) --no-print-directory -j1 test-mori test-sglang test-pod test-e2e test-chart
 
 test-unit: venv
 	bash scripts/pytest-tier.sh unit $(PY)
