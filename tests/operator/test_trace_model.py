@@ -19,6 +19,7 @@ from hicache_operator.planner.trace_model import (
 )
 from hicache_operator.planner.trace_model.estimate import tier_rates
 from hicache_operator.planner.trace_model.pod import PodCache
+from hicache_operator.planner.trace_model.routing import Router
 from hicache_operator.planner.trace_model.tiers import LruTier, SetAssociativeTier
 from hicache_operator.planner.trace_model.trace import Request
 
@@ -245,6 +246,24 @@ def test_cache_aware_draws_among_equally_good_pods_by_its_salt() -> None:
         assert runs[0].hit_tokens == runs[1].hit_tokens
         chosen.add(runs[0].requests_per_pod)
     assert chosen == {(3, 1), (1, 3)}
+
+
+def test_cache_aware_spills_a_matched_pod_only_past_the_mean_by_the_margin() -> None:
+    """smg 1.13.0's spill gate: the matched pod is left for the least loaded one when its
+    in-flight count is over rel x the mean and over the mean by min(abs, max(2 sqrt(mean), 4))."""
+
+    def second_turn(in_flight: list[int], abs_threshold: int = 64) -> int:
+        router = Router(RouterConfig(policy="cache_aware", balance_abs_threshold=abs_threshold,
+                                     balance_rel_threshold=1.5), 2)
+        first = router.route((1, 2), [B, B], 2 * B, 0.0)
+        router.in_flight = in_flight if first == 0 else in_flight[::-1]
+        return router.route((1, 2, 3), [B, B, B], 3 * B, 0.0) == first
+
+    assert second_turn([0, 0])  # the follow-up stays with its prefix
+    assert second_turn([8, 0])  # mean 4: 8 is 1.5x over it but only 4 (the margin) above
+    assert not second_turn([10, 0])  # mean 5: 10 is 5 above, over 2 sqrt(5) = 4.47
+    assert not second_turn([8, 0], abs_threshold=2)  # the threshold caps the margin
+    assert second_turn([100, 90])  # far above 4 over the mean, but not 1.5x of it
 
 
 def test_replay_follows_given_routes_and_refuses_bad_ones() -> None:

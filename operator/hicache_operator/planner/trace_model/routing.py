@@ -5,9 +5,11 @@
   pod whose tree shares the longest prefix if that prefix is more than ``cache_threshold`` of the
   request, else to the least loaded pod, ties broken by the fewest requests routed to it so far
   (smg's ``select_worker``, the key ``(load, processed)``; its header comment's "smallest tree"
-  is older than its code); when the in-flight counts are unbalanced
-  (``max - min > balance_abs_threshold`` and ``max > balance_rel_threshold * min``) to the least
-  loaded pod by the same key. The tree is modelled in blocks, ``tree_tokens`` per pod: the
+  is older than its code). smg 1.13.0's spill gate (its ``--balance-*-threshold`` help) skips a
+  matched pod for the least loaded one when the matched pod's in-flight count exceeds the
+  pods' mean ``m`` both ``balance_rel_threshold`` times over and by a margin: the smaller of
+  ``balance_abs_threshold`` and the count's natural swing at that mean, ``2 * sqrt(m)`` but
+  never under 4. The tree is modelled in blocks, ``tree_tokens`` per pod: the
   planner's ``--max-tree-size`` over ``charsPerToken`` (smg evicts each pod's part of the tree
   to that size, ``evict_tenant_by_size``).
 
@@ -23,12 +25,13 @@
 
 A request is in flight from its arrival for its estimated service time (uncached prompt tokens
 at the prefill rate, then ``output_length`` at ``decode_tokens_per_s``); that is all the load
-the balance check sees.
+the spill gate sees.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from dataclasses import dataclass
 from typing import Literal
@@ -92,31 +95,36 @@ class Router:
         ends, flight = self._ends, self.in_flight
         while ends and ends[0][0] <= now_s:
             flight[heapq.heappop(ends)[1]] -= 1
-        lo, hi = min(flight), max(flight)
         keys = [(flight[p], self.processed[p]) for p in range(self.pods)]
         least = min(keys)
         least_loaded = [p for p in range(self.pods) if keys[p] == least]
-        if hi - lo > c.balance_abs_threshold and hi > c.balance_rel_threshold * lo:
-            pod = self._draw(least_loaded)
-        else:
-            matched = []
-            for tree in self.trees:
-                entries, tokens = tree.entries, 0
-                for k, key in enumerate(blocks):
-                    if key not in entries:
-                        break
-                    tokens += sizes[k]
-                matched.append(tokens)
-            best = max(matched)
-            if best / input_length > c.cache_threshold:
-                pod = self._draw([p for p in range(self.pods) if matched[p] == best])
-            else:
+        matched = []
+        for tree in self.trees:
+            entries, tokens = tree.entries, 0
+            for k, key in enumerate(blocks):
+                if key not in entries:
+                    break
+                tokens += sizes[k]
+            matched.append(tokens)
+        best = max(matched)
+        if best / input_length > c.cache_threshold:
+            pod = self._draw([p for p in range(self.pods) if matched[p] == best])
+            if self._spills(flight[pod]):
                 pod = self._draw(least_loaded)
+        else:
+            pod = self._draw(least_loaded)
         self.processed[pod] += 1
         tree = self.trees[pod]
         for k in range(len(blocks) - 1, -1, -1):
             tree.add(blocks[k], sizes[k], None)
         return pod
+
+    def _spills(self, load: int) -> bool:
+        """smg's spill gate for a matched pod with ``load`` requests in flight."""
+        c = self.config
+        mean = sum(self.in_flight) / self.pods
+        margin = min(c.balance_abs_threshold, max(2 * math.sqrt(mean), 4.0))
+        return load > c.balance_rel_threshold * mean and load - mean > margin
 
     def finished(self, pod: int, start_s: float, computed_tokens: int, output_length: int,
                  prefill_tokens_per_s: float) -> None:
