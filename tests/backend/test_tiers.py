@@ -222,6 +222,28 @@ def test_ssd_hits_are_promoted_to_dram(promote: bool) -> None:
     tiers.close()
 
 
+def test_a_promotion_never_waits_for_a_put_and_counts_what_it_skipped() -> None:
+    """Promotion is best effort: while a put holds the tiers (another thread's backup), an SSD
+    hit is served and not copied into DRAM, and the keys it skipped are counted (exported as
+    hicache_umbp_promotions_skipped_keys_total)."""
+    dram, ssd = MemoryUMBPClient(1 << 20), MemoryUMBPClient(1 << 24, max_batch=16)
+    src = Buf(3)
+    assert ssd.batch_put_from_ptr(keys(3), src.ptrs(), src.sizes(3)) == [True] * 3
+    tiers = TieredClient(dram, ssd, promote_on_hit=True)
+    dst = Buf(3)
+    with tiers._put_lock:  # a put running in another thread
+        assert tiers.batch_get_into_ptr(keys(3), dst.ptrs(), dst.sizes(3)) == [True] * 3
+    assert [dst.item(i) for i in range(3)] == [src.item(i) for i in range(3)]
+    assert dram.batch_exists(keys(3)) == [False] * 3
+    st = tiers.tier_stats()
+    assert (st.ssd_hits, st.promotions, st.promotions_skipped) == (3, 0, 3)
+    # the next read, with no put running, promotes them
+    assert tiers.batch_get_into_ptr(keys(3), dst.ptrs(), dst.sizes(3)) == [True] * 3
+    assert dram.batch_exists(keys(3)) == [True] * 3
+    assert (tiers.tier_stats().promotions, tiers.tier_stats().promotions_skipped) == (3, 3)
+    tiers.close()
+
+
 def test_exists_consults_both_tiers() -> None:
     dram, ssd = MemoryUMBPClient(1 << 20), MemoryUMBPClient(1 << 24, max_batch=16)
     src = Buf(6)

@@ -28,6 +28,11 @@ family                                         type    what it counts (label ``l
 ``hicache_umbp_writeback_pending_keys``        gauge   keys in the write-back ring now
 ``hicache_umbp_l3_read_pages_total``           counter pages served by each L3 tier (label
                                                        ``tier``: ``dram``, ``ssd``)
+``hicache_umbp_promoted_keys_total``           counter SSD-side hit keys copied into DRAM
+                                                       (``promoteOnHit``)
+``hicache_umbp_promotions_skipped_keys_total`` counter SSD-side hit keys not copied into
+                                                       DRAM: a put was running (a promotion
+                                                       never waits for one)
 ``hicache_umbp_ssd_read_bytes_total``          counter bytes read back from the SSD tier (ours)
 ``hicache_umbp_ssd_read_seconds_total``        counter wall time of the SSD read batches
                                                        (bytes / seconds: the tier's bandwidth)
@@ -69,6 +74,13 @@ COUNTERS: dict[str, tuple[str, Callable[[Mapping[str, Any]], int]]] = {
         "Times acknowledged write-back keys were still refused by the SSD tier after a whole "
         "fair retry window (they stay in the write-back ring, readable, and are retried).",
         lambda s: int(s.get("tiers", {}).get("writeback_stalls", 0))),
+    "promoted_keys": (
+        "SSD-side hit keys copied into DRAM (promoteOnHit).",
+        lambda s: int(s.get("tiers", {}).get("promotions", 0))),
+    "promotions_skipped_keys": (
+        "SSD-side hit keys not copied into DRAM because a put was running (a promotion never "
+        "waits for one).",
+        lambda s: int(s.get("tiers", {}).get("promotions_skipped", 0))),
     "writeback_failed_keys": (
         "Acknowledged keys the write-back dropped unwritten (only at close, after retrying); "
         "DRAM may still hold them until it evicts them.",

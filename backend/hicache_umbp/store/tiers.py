@@ -263,9 +263,9 @@ class TieredClient:
                       if not dram_pages[p] and all(side[p * ppp : (p + 1) * ppp])]
         for p in side_pages:
             found[p * ppp : (p + 1) * ppp] = [True] * ppp
-        promoted = 0
+        promoted = skipped = 0
         if side_pages and self.promote_on_hit:
-            promoted = self._promote(
+            promoted, skipped = self._promote(
                 [p for p in side_pages if not in_dram_part[p]], keys, ptrs, sizes, ppp
             )
         with self._lock:
@@ -275,25 +275,28 @@ class TieredClient:
             s.ssd_hits += ssd_hits
             s.misses += n - sum(found)
             s.promotions += promoted
+            s.promotions_skipped += skipped
         return found
 
     def _promote(
         self, pages: list[int], keys: Sequence[str], ptrs: Sequence[int],
         sizes: Sequence[int], ppp: int,
-    ) -> int:
+    ) -> tuple[int, int]:
         """Copy SSD-side hits into DRAM when DRAM holds no part of them; never waits for a
-        put (best effort)."""
-        if not pages or not self._put_lock.acquire(blocking=False):
-            return 0
+        put (best effort). Returns (keys copied, keys skipped because a put was running)."""
+        if not pages:
+            return 0, 0
+        if not self._put_lock.acquire(blocking=False):
+            return 0, len(pages) * ppp
         try:
             k, p, s = _select(_keys_of(pages, ppp), keys, ptrs, sizes)
             present = self._exists(self.dram, "dram", k)
             keep = [j for j in range(len(pages)) if not any(present[j * ppp : (j + 1) * ppp])]
             if not keep:
-                return 0
+                return 0, 0
             idx = _keys_of(keep, ppp)
             return sum(self._checked("dram_promote", self.dram.batch_put_from_ptr,
-                                     *_select(idx, k, p, s)))
+                                     *_select(idx, k, p, s))), 0
         finally:
             self._put_lock.release()
 

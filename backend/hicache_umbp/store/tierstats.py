@@ -15,6 +15,7 @@ class TierStats:
     ssd_hits: int = 0  # keys read from SSD
     misses: int = 0  # keys of pages no side held whole
     promotions: int = 0  # SSD-side hits copied into DRAM
+    promotions_skipped: int = 0  # SSD-side hit keys not copied: a put was running (never waits)
     ssd_direct_writes: int = 0  # keys written to SSD inside the put
     ssd_retries: int = 0  # key writes repeated inside the put after the SSD refused them
     ssd_refused: int = 0  # keys the SSD refused inside the put: their pages were not stored
