@@ -46,6 +46,7 @@ from pod.cluster import served_cluster  # noqa: E402
 from pod.harness import admin_config, plan_pod, start_pod  # noqa: E402
 from pod.image import served_files  # noqa: E402
 from pod.node import Node  # noqa: E402
+from pod.test_ssd_pod import metric  # noqa: E402
 from pod.trace_replay import (  # noqa: E402
     PAGE,
     capacity_of,
@@ -93,7 +94,10 @@ def single_pod(root: Path, node: Node, image: Any, models: Path, requests: int) 
            # L3 as a whole: its DRAM / SSD split moves with mori's eviction timing
            "served_vs_model_l3": _r(served.storage_tokens / (
                predicted.hit_tokens["l3_dram"] + predicted.hit_tokens["l3_ssd"])),
-           "dram_capacity_sensitivity": sensitivity}
+           "dram_capacity_sensitivity": sensitivity,
+           # the model promotes every SSD hit; the store skips one while a put runs
+           "promotions_keys": {k: int(metric(served.metrics, f"hicache_umbp_{k}_keys_total"))
+                               for k in ("promoted", "promotions_skipped")}}
     print("single pod: " + json.dumps(out), flush=True)
     return out
 
