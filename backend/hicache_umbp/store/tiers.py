@@ -265,9 +265,8 @@ class TieredClient:
             found[p * ppp : (p + 1) * ppp] = [True] * ppp
         promoted = skipped = 0
         if side_pages and self.promote_on_hit:
-            promoted, skipped = self._promote(
-                [p for p in side_pages if not in_dram_part[p]], keys, ptrs, sizes, ppp
-            )
+            promote = [p for p in side_pages if not in_dram_part[p]]
+            promoted, skipped = self._promote(promote, keys, ptrs, sizes, ppp)
         with self._lock:
             s = self._stats
             s.dram_hits += sum(dram_pages) * ppp
@@ -283,10 +282,8 @@ class TieredClient:
         sizes: Sequence[int], ppp: int,
     ) -> tuple[int, int]:
         """Copy SSD-side hits into DRAM when DRAM holds no part of them; never waits for a
-        put (best effort). Returns (keys copied, keys skipped because a put was running)."""
-        if not pages:
-            return 0, 0
-        if not self._put_lock.acquire(blocking=False):
+        put (best effort). (keys copied, keys skipped because a put was running)."""
+        if not pages or not self._put_lock.acquire(blocking=False):
             return 0, len(pages) * ppp
         try:
             k, p, s = _select(_keys_of(pages, ppp), keys, ptrs, sizes)
