@@ -29,7 +29,6 @@ import json
 import statistics
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -42,15 +41,13 @@ from hicache_operator.api import OperatorConfig  # noqa: E402
 from hicache_operator.plan import plan  # noqa: E402
 from hicache_operator.planner.trace_model import (  # noqa: E402
     model_for_slice,
-    pod_model,
     prompt_text,
     replay,
     router_config,
 )
 from pod.trace_replay import (  # noqa: E402
     PAGE,
-    device_tokens,
-    host_tokens,
+    capacity_of,
     single_token_words,
     trace_slice,
 )
@@ -74,11 +71,10 @@ def main() -> int:
     deployment = next(o for o in p.objects if o["kind"] == "Deployment"
                       and o["metadata"]["name"].endswith("-router"))
     args = routing_args(deployment)
-    pm = pod_model(p.spec, p.sizing, p.gpu_model)
-    cap = replace(pm.capacity, device=device_tokens(cr), host=host_tokens(cr))
+    cap, policy = capacity_of(p, cr)
     rc = router_config(p.spec, p.router, 2, "cache_aware")
-    model = model_for_slice(trace, cap, pm.policy, pods=2, router=rc)
-    robin = model_for_slice(trace, cap, pm.policy, pods=2,
+    model = model_for_slice(trace, cap, policy, pods=2, router=rc)
+    robin = model_for_slice(trace, cap, policy, pods=2,
                             router=router_config(p.spec, p.router, 2, "round_robin"))
     low, high = model.hit_ratio_spread
     print(f"the model: cache_aware {model.hit_ratio:.4f} ({len(model.results)} draws "
@@ -93,7 +89,7 @@ def main() -> int:
         runs: list[dict[str, Any]] = []
         for i in range(a.runs):
             routes = smg_routes(SMG, args, texts, Path(tmp) / f"smg-{i}.log")
-            got = replay(trace, cap, pm.policy, pods=2, routes=routes)
+            got = replay(trace, cap, policy, pods=2, routes=routes)
             run = {"hit_ratio": round(got.hit_ratio, 4), "hit_tokens": got.hit_tokens,
                    "requests_per_pod": list(got.requests_per_pod),
                    **route_counts(trace, routes, rc.cache_threshold)}

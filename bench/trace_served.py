@@ -70,7 +70,7 @@ def single_pod(root: Path, node: Node, image: Any, models: Path, requests: int) 
     trace = trace_slice(requests)
     cr = served_cr(trace)
     planned = plan_pod(cr, admin_config(node))
-    capacity, policy = capacity_of(planned, cr)
+    capacity, policy = capacity_of(planned.plan, cr)
     predicted = model_for_slice(trace, capacity, policy)
     # How much 2% of UMBP DRAM's capacity moves the DRAM / SSD split (mori evicts after each
     # put call, whose size moves with timing): the split's sensitivity, beside the served runs.
@@ -167,7 +167,7 @@ def two_pods(root: Path, node: Node, image: Any, models: Path, requests: int) ->
     trace = trace_slice(requests)
     cr = router_cr(trace)
     planned = plan_pod(cr, admin_config(node))
-    capacity, policy = capacity_of(planned, cr)
+    capacity, policy = capacity_of(planned.plan, cr)
     p = planned.plan
     model: dict[str, Any] = {}
     for name in ("cache_aware", "round_robin"):

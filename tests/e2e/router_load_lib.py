@@ -109,7 +109,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _post(base: str, path: str, body: dict[str, Any]) -> Any:
+def post(base: str, path: str, body: dict[str, Any]) -> Any:
     req = urllib.request.Request(f"{base}{path}", json.dumps(body).encode(),
                                  {"content-type": "application/json"})
     with urllib.request.urlopen(req, timeout=30) as r:
@@ -167,7 +167,7 @@ def run_case(smg: Path, case: str, args: list[str], ips: tuple[str, str, str], l
                                                   "--load-monitor-interval", "1"))
 
         def send(text: str) -> None:
-            _post(base, "/generate", {"model": MODEL, "text": text,
+            post(base, "/generate", {"model": MODEL, "text": text,
                                       "sampling_params": {"max_new_tokens": 1}})
 
         def owner(text: str) -> int:
@@ -188,7 +188,7 @@ def run_case(smg: Path, case: str, args: list[str], ips: tuple[str, str, str], l
         polls = workers[busy].load_polls()
         workers[busy].waiting, workers[busy].token_usage = busy_waiting, busy_token_usage
         _wait(lambda: workers[busy].load_polls() >= polls + 2, "the busy worker's load polls")
-        _post(base, "/workers", {"url": urls[2]})
+        post(base, "/workers", {"url": urls[2]})
         _wait(lambda: _healthy(base) == set(urls), "the joining worker")
         joined = workers[2].load_polls()
         _wait(lambda: workers[2].load_polls() >= joined + 2, "the joining worker's load polls")

@@ -8,14 +8,13 @@ prompt; one prompt at a time leaves both idle, as the served replay does).
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 
 from hicache_operator.planner.trace_model import Trace
 from hicache_operator.planner.trace_model.replay import block_sizes
-from router_load_lib import MODEL, free_port, started_router
+from hicache_operator.planner.trace_model.routing import matched_tokens
+from router_load_lib import MODEL, free_port, post, started_router
 from sglang_standin import SGLangStandIn
 
 
@@ -30,11 +29,8 @@ def smg_routes(smg: Path, args: list[str], texts: list[str], log: Path,
         base = stack.enter_context(started_router(smg, args, urls, log))
         for text in texts:
             before = [len(w.texts) for w in workers]
-            body = json.dumps({"model": MODEL, "text": text,
-                               "sampling_params": {"max_new_tokens": 1}}).encode()
-            req = urllib.request.Request(f"{base}/generate", body,
-                                         {"content-type": "application/json"})
-            urllib.request.urlopen(req, timeout=60).read()
+            post(base, "/generate", {"model": MODEL, "text": text,
+                                     "sampling_params": {"max_new_tokens": 1}})
             got = [i for i, w in enumerate(workers) if len(w.texts) > before[i]]
             assert len(got) == 1, f"a request reached {len(got)} stand-ins"
             routes.append(got[0])
@@ -50,14 +46,7 @@ def route_counts(trace: Trace, routes: list[int], threshold: float) -> dict[str,
                          "misses_to_fewer"), 0)
     for req, pod in zip(trace.requests, routes, strict=True):
         sizes = block_sizes(req.input_length, len(req.blocks), trace.block_tokens)
-        matched = []
-        for tree in trees:
-            tokens = 0
-            for key, size in zip(req.blocks, sizes, strict=True):
-                if key not in tree:
-                    break
-                tokens += size
-            matched.append(tokens)
+        matched = [matched_tokens(req.blocks, sizes, tree) for tree in trees]
         if max(matched) / req.input_length > threshold:
             out["hits"] += 1
             out["to_best_match"] += matched[pod] == max(matched)

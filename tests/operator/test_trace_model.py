@@ -252,7 +252,7 @@ def test_cache_aware_spills_a_matched_pod_only_past_the_mean_by_the_margin() -> 
     """smg 1.13.0's spill gate: the matched pod is left for the least loaded one when its
     in-flight count is over rel x the mean and over the mean by min(abs, max(2 sqrt(mean), 4))."""
 
-    def second_turn(in_flight: list[int], abs_threshold: int = 64) -> int:
+    def second_turn(in_flight: list[int], abs_threshold: int = 64) -> bool:
         router = Router(RouterConfig(policy="cache_aware", balance_abs_threshold=abs_threshold,
                                      balance_rel_threshold=1.5), 2)
         first = router.route((1, 2), [B, B], 2 * B, 0.0)

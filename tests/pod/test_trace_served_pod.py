@@ -53,7 +53,7 @@ def test_served_pod_hits_per_tier_agree_with_the_model(
     trace = trace_slice(REQUESTS)
     cr = served_cr(trace)
     planned = plan_pod(cr, admin_config(node))
-    capacity, policy = capacity_of(planned, cr)
+    capacity, policy = capacity_of(planned.plan, cr)
     predicted = model_for_slice(trace, capacity, policy)
     pod = start_pod(planned, node, image, workdir, {"tiny-models": models_dir})
     try:

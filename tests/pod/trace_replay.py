@@ -98,9 +98,9 @@ def host_tokens(cr: dict[str, Any]) -> int:
     return int(device_tokens(cr) * float(cr["spec"]["hiCache"]["hostPoolRatio"])) // PAGE * PAGE
 
 
-def capacity_of(planned: Any, cr: dict[str, Any]) -> tuple[TierTokens, Policy]:
-    """The tiers (tokens) and policies the model replays for the served pod of ``planned``."""
-    p = planned.plan
+def capacity_of(p: Any, cr: dict[str, Any]) -> tuple[TierTokens, Policy]:
+    """The tiers (tokens) and policies the model replays for the served pod of plan ``p``
+    (``plan()``'s result for ``cr``)."""
     model = pod_model(p.spec, p.sizing, p.gpu_model)
     cap = replace(model.capacity, device=device_tokens(cr), host=host_tokens(cr))
     return cap, model.policy

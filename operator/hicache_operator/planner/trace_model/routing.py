@@ -33,6 +33,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -60,6 +61,17 @@ def _mix(key: int) -> int:
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
     return z ^ (z >> 31)
+
+
+def matched_tokens(blocks: Sequence[int], sizes: Sequence[int], held: Container[int]) -> int:
+    """Tokens of the longest prefix of ``blocks`` whose blocks are all in ``held`` (a pod's
+    tree, as smg matches a request against it)."""
+    tokens = 0
+    for key, size in zip(blocks, sizes, strict=True):
+        if key not in held:
+            break
+        tokens += size
+    return tokens
 
 
 class Router:
@@ -98,14 +110,7 @@ class Router:
         keys = [(flight[p], self.processed[p]) for p in range(self.pods)]
         least = min(keys)
         least_loaded = [p for p in range(self.pods) if keys[p] == least]
-        matched = []
-        for tree in self.trees:
-            entries, tokens = tree.entries, 0
-            for k, key in enumerate(blocks):
-                if key not in entries:
-                    break
-                tokens += sizes[k]
-            matched.append(tokens)
+        matched = [matched_tokens(blocks, sizes, tree.entries) for tree in self.trees]
         best = max(matched)
         if best / input_length > c.cache_threshold:
             pod = self._draw([p for p in range(self.pods) if matched[p] == best])
