@@ -47,11 +47,14 @@ from pod.harness import admin_config, plan_pod, start_pod  # noqa: E402
 from pod.image import served_files  # noqa: E402
 from pod.node import Node  # noqa: E402
 from pod.test_ssd_pod import metric  # noqa: E402
+from pod.test_trace_served_pod import GAP_S  # noqa: E402
 from pod.trace_replay import (  # noqa: E402
     PAGE,
     capacity_of,
     served_cr,
     single_token_words,
+    store_key_prefixes,
+    store_set_hash,
     trace_slice,
     vocab_size,
 )
@@ -66,36 +69,44 @@ def _r(x: float, n: int = 4) -> float:
     return round(x, n)
 
 
-def single_pod(root: Path, node: Node, image: Any, models: Path, requests: int) -> dict[str, Any]:
+def single_pod(root: Path, node: Node, image: Any, models: Path, requests: int,
+               gap_s: float = GAP_S) -> dict[str, Any]:
     trace = trace_slice(requests)
     cr = served_cr(trace)
     planned = plan_pod(cr, admin_config(node))
     capacity, policy = capacity_of(planned.plan, cr)
-    predicted = model_for_slice(trace, capacity, policy)
-    # How much 2% of UMBP DRAM's capacity moves the DRAM / SSD split (mori evicts after each
-    # put call, whose size moves with timing): the split's sensitivity, beside the served runs.
-    sensitivity = {}
-    for factor in (0.98, 1.02):
-        dram = int(capacity.l3_dram * factor) // PAGE * PAGE
-        hits = model_for_slice(trace, replace(capacity, l3_dram=dram), policy).hit_tokens
-        sensitivity[str(factor)] = {t: hits[t] for t in ("l3_dram", "l3_ssd")}
     pod = start_pod(planned, node, image, root / "single", {"tiny-models": models})
     try:
         pod.wait_ready(600)
-        served = served_replay(f"http://127.0.0.1:{PORT}", trace, vocab_size(models))
+        served = served_replay(f"http://127.0.0.1:{PORT}", trace, vocab_size(models),
+                               gap_s=gap_s)
+        prefixes = store_key_prefixes(pod.container("engine").log_text(10**8))
     finally:
         pod.close()
+    # The store's own page -> set map (SGLang's page hashes under the keys the pod logged);
+    # the mean over 32 other maps beside it is what a plan without the keys predicts.
+    mapped = replace(policy, ssd_set_hash=store_set_hash(trace, prefixes, vocab_size(models)))
+    predicted = model_for_slice(trace, capacity, mapped)
+    mean_of_maps = model_for_slice(trace, capacity, policy)
+    # How much 2% of UMBP DRAM's capacity moves the DRAM / SSD split: at these capacities
+    # prefixes reused at about what DRAM holds are kept or lost together.
+    sensitivity = {}
+    for factor in (0.98, 1.02):
+        dram = int(capacity.l3_dram * factor) // PAGE * PAGE
+        hits = model_for_slice(trace, replace(capacity, l3_dram=dram), mapped).hit_tokens
+        sensitivity[str(factor)] = {t: hits[t] for t in ("l3_dram", "l3_ssd")}
     out = {"requests": requests, "page_size": PAGE, "prompt_tokens": served.prompt_tokens,
-           "capacity": capacity.__dict__, "predicted_hit_tokens": predicted.hit_tokens,
+           "gap_s": gap_s, "capacity": capacity.__dict__,
+           "predicted_hit_tokens": predicted.hit_tokens,
+           "predicted_mean_of_32_maps": mean_of_maps.hit_tokens,
            "predicted_evicted_tokens": predicted.evicted_tokens,
            "served_hit_tokens": served.hit_tokens, "served_storage_tokens": served.storage_tokens,
            "replay_s": _r(served.seconds, 1),
            **{k: _r(v) for k, v in predicted.served_vs_model(served.hit_tokens).items()},
-           # L3 as a whole: its DRAM / SSD split moves with mori's eviction timing
            "served_vs_model_l3": _r(served.storage_tokens / (
                predicted.hit_tokens["l3_dram"] + predicted.hit_tokens["l3_ssd"])),
            "dram_capacity_sensitivity": sensitivity,
-           # the model promotes every SSD hit; the store skips one while a put runs
+           # the model promotes every SSD hit; the store skips one while a put still runs
            "promotions_keys": {k: int(metric(served.metrics, f"hicache_umbp_{k}_keys_total"))
                                for k in ("promoted", "promotions_skipped")}}
     print("single pod: " + json.dumps(out), flush=True)
@@ -223,6 +234,8 @@ def main() -> int:
     # 0.84-1.05x of the model's bound (its 32 draws); over 1,200 in 0.97-1.01x.
     ap.add_argument("--router-requests", type=int, default=1200, help="the two-pod slice")
     ap.add_argument("--phases", default="single,router")
+    ap.add_argument("--gap-s", type=float, default=GAP_S,
+                    help="seconds between a response and the next request (single pod)")
     args = ap.parse_args()
     phases = args.phases.split(",")
     result: dict[str, Any] = {}
@@ -234,7 +247,8 @@ def main() -> int:
             if "single" in phases:
                 (root / "single").mkdir()
                 (root / "single").chmod(0o755)
-                result["single_pod"] = single_pod(root, node, image, models, args.requests)
+                result["single_pod"] = single_pod(root, node, image, models, args.requests,
+                                                  args.gap_s)
             if "router" in phases:
                 result["two_pods"] = two_pods(root, node, image, models,
                                               args.router_requests)

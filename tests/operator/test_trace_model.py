@@ -4,6 +4,7 @@ threshold, the write policies, promotion, leaf-first eviction, routing, estimate
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from hicache_operator.planner.trace_model import (
     TierTokens,
     Trace,
     estimate,
+    model_for_slice,
     replay,
     theoretical_hit,
     verdicts,
@@ -20,7 +22,11 @@ from hicache_operator.planner.trace_model import (
 from hicache_operator.planner.trace_model.estimate import tier_rates
 from hicache_operator.planner.trace_model.pod import PodCache
 from hicache_operator.planner.trace_model.routing import Router
-from hicache_operator.planner.trace_model.tiers import LruTier, SetAssociativeTier
+from hicache_operator.planner.trace_model.served import SSD_SAMPLES
+from hicache_operator.planner.trace_model.tiers import (
+    MoriDramTier,
+    SetAssociativeTier,
+)
 from hicache_operator.planner.trace_model.trace import Request
 
 pytestmark = pytest.mark.unit
@@ -62,6 +68,38 @@ def test_hits_are_whole_pages_and_keep_the_last_token() -> None:
     _serve(wide, [1, 2, 3])
     assert _serve(wide, [1, 2, 7])[0] == 8  # a page spans two blocks: both must match
     assert _serve(wide, [1, 7])[0] == 0
+
+
+def test_the_tail_past_the_last_whole_page_takes_no_room() -> None:
+    """SGLang caches whole pages only: a prompt's tail past its last whole page is never in a
+    tier, so it neither hits later nor pushes anything out (the served check: a 16-token page
+    per trace block, each request ending in a shorter block)."""
+    cache = PodCache(TierTokens(8, 100, 100, 100), lru_policy(page_size=4, prefetch_threshold=0,
+                                                             write_policy="write_through"))
+    _serve(cache, [1, 2, 3], length=10)  # blocks of 4, 4 and 2 tokens: two whole pages
+    assert dict(cache.device.entries) == {1: 4, 2: 4} and cache.device.used == 8
+    for tier in (cache.host, cache.l3_dram, cache.l3_ssd):
+        assert set(tier.entries) == {1, 2}
+    assert cache.device.evicted_tokens == 0  # the 2-token tail did not push block 1 out
+    wide = PodCache(TierTokens(100, 0, 0, 0), lru_policy(page_size=8, prefetch_threshold=0))
+    _serve(wide, [1, 2, 3], length=12)  # one whole page of 8: block 1 whole, block 2 half
+    assert dict(wide.device.entries) == {1: 4, 2: 4}
+
+
+def test_the_stores_own_set_map_places_the_ssd_pages() -> None:
+    """``Policy.ssd_set_hash`` (the served check's map from the store's keys) decides the sets:
+    every part in set 0 leaves one 4-way set holding two pages of two parts."""
+    policy = Policy(page_size=B, prefetch_threshold=0, write_policy="write_through",
+                    ssd_ways=4, dram_watermarks=None, ssd_set_hash=lambda block, part: 0)
+    cache = PodCache(TierTokens(1, 100, 0, 16), policy)
+    for key in range(1, 6):
+        _serve(cache, [key], length=B)
+    assert isinstance(cache.l3_ssd, SetAssociativeTier) and len(cache.l3_ssd.sets) == 2
+    assert list(cache.l3_ssd.entries) == [4, 5] and not cache.l3_ssd.sets[1]
+    trace = _trace([[1], [2]])
+    assert len(model_for_slice(trace, TierTokens(1, 100, 0, 16), policy).results) == 1
+    assert len(model_for_slice(trace, TierTokens(1, 100, 0, 16),
+                               replace(policy, ssd_set_hash=None)).results) == SSD_SAMPLES
 
 
 def test_write_back_fills_host_and_l3_only_when_the_device_evicts() -> None:
@@ -140,14 +178,56 @@ def test_l3_is_read_only_past_a_match_ending_at_a_page_with_a_host_copy() -> Non
     assert hits("write_through") == (4, 0, 11, 0)
 
 
-def test_mori_dram_evicts_by_watermarks() -> None:
-    """mori 1.2.4: once the tier holds 90% of its capacity it drops its LRU keys to 70%."""
-    tier = LruTier(9, low=7)
+def test_mori_dram_evicts_by_watermarks_at_the_end_of_each_put_call() -> None:
+    """mori 1.2.4: a put call takes keys while there is room (refusing one past the capacity),
+    and at the end of the call, at 90% or more, it drops its LRU keys to 70%."""
+    tier = MoriDramTier(10, (0.7, 0.9), 1)
     for key in range(8):
         tier.add(key, 1, None)
+    tier.end_call()
     assert tier.used == 8 and tier.evicted_tokens == 0
-    tier.add(8, 1, None)
-    assert list(tier.entries) == [2, 3, 4, 5, 6, 7, 8] and tier.evicted_tokens == 2
+    tier.touch(0)
+    for key in range(8, 11):  # one call: 9 and 10 keys held, the 11th refused
+        tier.add(key, 1, None)
+    assert tier.used == 10 and 10 not in tier.entries and tier.evicted_tokens == 0
+    tier.end_call()
+    assert [block for block, _ in tier.keys] == [4, 5, 6, 7, 0, 8, 9]
+    assert tier.evicted_tokens == 3
+
+
+def test_mori_dram_evicts_keys_so_a_page_can_keep_one_part() -> None:
+    """mori evicts keys, not pages: a round can take a page's K and keep its V. The page is no
+    DRAM hit then, and the store does not write it into DRAM again while a part is there."""
+    tier = MoriDramTier(20, (0.55, 0.9), 2)  # pages of 2 tokens, one key a token
+    for key in range(9):
+        tier.add(key, 2, None)
+    tier.end_call()  # 18 >= 18: down to 11 keys
+    assert tier.used == 11 and sorted(tier.entries) == [4, 5, 6, 7, 8]
+    assert tier.partial == {3: 1}  # page 3 lost its K; its V is the least recent key
+    tier.add(3, 2, None)  # the store skips a page DRAM holds a part of
+    tier.touch(3)  # and it is no hit
+    assert tier.partial == {3: 1} and tier.used == 11 and next(iter(tier.keys)) == (3, 1)
+    for key in range(9, 13):
+        tier.add(key, 2, None)
+    tier.end_call()  # 19: page 3's V goes first, then 4 to 6 and 7's K
+    assert tier.partial == {7: 1} and sorted(tier.entries) == [8, 9, 10, 11, 12]
+    assert tier.used == 11 and tier.evicted_tokens == 15
+
+
+def test_dram_calls_end_with_sglangs_storage_batches() -> None:
+    """A request's backups are put in calls of 128 pages, and DRAM evicts only when a call
+    ends: a call that crosses 90% keeps all its pages (evicting at the page that crossed
+    would have left 160 pages, not 140)."""
+    policy = Policy(page_size=1, prefetch_threshold=0, write_policy="write_through",
+                    ssd_ways=None)
+    cache = PodCache(TierTokens(1, 1000, 200, 0), policy)
+    first = list(range(1, 171))  # 170 pages: calls of 128 and 42, below 90% (180)
+    cache.serve(tuple(first), [1] * 170, 171)
+    assert cache.l3_dram.used == 170
+    second = list(range(1001, 1031))  # one call to 200, then down to 70% (140)
+    cache.serve(tuple(second), [1] * 30, 31)
+    assert cache.l3_dram.used == 140 and set(second) <= set(cache.l3_dram.entries)
+    assert min(cache.l3_dram.entries) == 61  # the 60 least recent pages of the first request
 
 
 def test_our_ssd_tier_loses_a_page_with_its_first_part_and_stores_it_whole_when_rewritten(

@@ -10,14 +10,19 @@ trace model's prediction for the same capacities (issue 26, the served check).
   (``trace_model.pod_model``), in whole pages;
 * :func:`replay` -- the slice's prompts (``trace_model.prompt_ids``) sent one at a time, hits per
   tier from each response's ``meta_info`` and, for the L3 split, the store's
-  ``hicache_umbp_l3_read_pages_total{tier}`` on ``/metrics``.
+  ``hicache_umbp_l3_read_pages_total{tier}`` on ``/metrics``;
+* :func:`store_set_hash` -- the SSD tier's own page -> set map for the slice, from SGLang's page
+  hashes and the key prefixes the pod's store logged (:func:`store_key_prefixes`), so the
+  model keeps the pages in the sets the store does (``Policy.ssd_set_hash``).
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -160,8 +165,9 @@ def vocab_size(models_dir: Path) -> int:
 
 
 def replay(base: str, trace: Trace, vocab: int, *, model: str = "",
-           settle_s: float = 60) -> Served:
-    """Send the slice's prompts one at a time (1 output token each); hits per tier."""
+           settle_s: float = 60, gap_s: float = 0.0) -> Served:
+    """Send the slice's prompts one at a time (1 output token each), ``gap_s`` apart after each
+    response; hits per tier."""
     cache: dict[int, list[int]] = {}
     before = l3_read_pages(metrics_text(base))
     totals = {"device": 0, "host": 0, "storage": 0}
@@ -181,6 +187,8 @@ def replay(base: str, trace: Trace, vocab: int, *, model: str = "",
         for t, n in zip(("device", "host", "storage"), hit, strict=True):
             totals[t] += n
         prompt += int(meta["prompt_tokens"])
+        if gap_s:
+            time.sleep(gap_s)
     seconds = time.monotonic() - t0
     # The store's counters reach /metrics when SGLang next asks the backend for its stats:
     # wait until the pages they count cover the storage hits the responses reported.
@@ -195,3 +203,45 @@ def replay(base: str, trace: Trace, vocab: int, *, model: str = "",
                    "l3_dram": pages["dram"] * PAGE, "l3_ssd": pages["ssd"] * PAGE},
                   totals["storage"], prompt, len(trace.requests), seconds, per_request,
                   metrics_text(base))
+
+
+def store_key_prefixes(engine_log: str) -> list[str]:
+    """The key prefix of each page part, in part order, as the pod's store logged them when
+    SGLang registered its host pool (``UMBPHiCacheStorage: ... keys [[<prefix><page>, ...]]``)."""
+    marker = "UMBPHiCacheStorage: page part "
+    line = next((x for x in engine_log.splitlines() if marker in x), None)
+    if line is None:
+        raise AssertionError("the engine log has no key line from the store "
+                             f"({marker!r}): cannot map pages to SSD sets")
+    (keys,) = ast.literal_eval(line[line.index(", keys ") + len(", keys "):].strip())
+    return [str(k).removesuffix("<page>") for k in keys]
+
+
+def store_set_hash(trace: Trace, prefixes: list[str], vocab: int) -> Callable[[int, int], int]:
+    """(block, part) -> the set hash of that page part's key in our SSD tier: SGLang's chained
+    page hash of the block's prompt tokens (``get_hash_str``, what the radix tree and the
+    prefetch key pages by) after the part's key prefix, digested as the tier does
+    (``disk.layout.key_digest``, ``disk.index.set_hash``). One drive: the first 8 digest bytes
+    would pick among several."""
+    from hicache_umbp.disk.index import set_hash
+    from hicache_umbp.disk.layout import key_digest
+    from sglang.srt.mem_cache.utils import get_hash_str
+
+    page_hash: dict[int, str] = {}
+    cache: dict[int, list[int]] = {}
+    for req in trace.requests:
+        ids = prompt_ids(req, PAGE, vocab=vocab, cache=cache)
+        pages = len(ids) // PAGE
+        known = 0
+        while known < pages and req.blocks[known] in page_hash:
+            known += 1
+        if known == pages:
+            continue
+        prior = page_hash[req.blocks[known - 1]] if known else None
+        hashes = get_hash_str(ids[known * PAGE:pages * PAGE], prior, page_size=PAGE)
+        for block, h in zip(req.blocks[known:pages], hashes, strict=True):
+            if page_hash.setdefault(block, h) != h:
+                raise AssertionError(f"trace block {block} has two prefixes")
+    table = {(block, part): set_hash(key_digest(prefix + h))
+             for block, h in page_hash.items() for part, prefix in enumerate(prefixes)}
+    return lambda block, part: table[block, part]

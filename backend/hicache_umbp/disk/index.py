@@ -47,6 +47,12 @@ class Slot:
     size: int
 
 
+def set_hash(digest: bytes) -> int:
+    """The 64 bits of a key's digest that pick its set (modulo the sets; the first 8 bytes pick
+    the drive): the trace model's served check maps pages to sets with it."""
+    return int.from_bytes(digest[8:16], "little")
+
+
 def _alive(pid: int) -> bool:
     if pid == os.getpid():
         return True
@@ -76,7 +82,7 @@ class SlotIndex:
     # -------------------------------------------------------------------------- lookups
 
     def set_of(self, digest: bytes) -> int:
-        return int.from_bytes(digest[8:16], "little") % self.nsets
+        return set_hash(digest) % self.nsets
 
     def _off(self, slot: int) -> int:
         return SUPERBLOCK_BYTES + slot * ENTRY_BYTES

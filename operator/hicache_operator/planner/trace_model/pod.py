@@ -8,7 +8,9 @@ What SGLang and the store do, and how the replay follows it:
 * **Pages.** SGLang matches whole pages and always computes at least one token, so a hit of
   ``k`` blocks is ``floor(min(tokens of the k blocks, input - 1) / pageSize) * pageSize``
   tokens. Trace blocks (512 tokens in Mooncake) and pages need not agree: every tier's share is
-  the difference of that rounded prefix at its boundaries, so the shares always add up.
+  the difference of that rounded prefix at its boundaries, so the shares always add up. SGLang
+  caches whole pages only, so a prompt's tail past its last whole page takes no room in any
+  tier (a block shorter than a page is never cached).
 * **Prefetch threshold.** SGLang prefetches from storage only when the storage hit is at least
   ``prefetch_threshold`` tokens (default 256); below it the L3 part is recomputed.
 * **Prefetch gate.** SGLang asks L3 only when the device + host match ends at the root or at a
@@ -28,19 +30,32 @@ What SGLang and the store do, and how the replay follows it:
   front of SSD, and the store puts every page into both (the write-back ring drains DRAM's pages
   to SSD), so SSD holds what DRAM holds.
 * **Eviction.** Every tier is an LRU of blocks within its capacity; UMBP DRAM (mori's) by
-  watermarks: once it holds 90% of its capacity it evicts down to 70%. A request's blocks are
-  refreshed deepest first, so within a chain the root is the most recent: a chain loses its
-  leaves before its root, as SGLang's leaf-first eviction does. A host copy of a page still on
-  the device is refreshed with it (SGLang never evicts those from host).
+  watermarks: at the end of a put call that leaves it at 90% of its capacity or more it evicts
+  down to 70%. SGLang reads and backs up storage pages in calls of 128 pages, and the store
+  puts each read call's SSD hits into DRAM in one call, so DRAM's calls end there. A
+  request's blocks are refreshed deepest first, so within a chain the root is the most
+  recent: a chain loses its leaves before its root, as SGLang's leaf-first eviction does. A
+  host copy of a page still on the device is refreshed with it (SGLang never evicts those
+  from host).
 
 Not modelled: output tokens (the trace cannot say which later blocks hold an earlier answer),
 requests in flight pinning pages, the time a backup or a prefetch takes (a page is in L3 as soon
-as it is written; the prefetch never times out).
+as it is written; the prefetch never times out; a request's backups end before the next
+request's prefetch, so no promotion is skipped for a put still running and no backup call
+interleaves with a prefetch), and mori's read lease (a key read in the last 0.3-0.5 s is not
+evicted: it matters only when a key read that recently is among the least recently used).
 """
 
 from __future__ import annotations
 
-from .tiers import LruTier, Policy, SetAssociativeTier, TierTokens
+from .tiers import (
+    SGLANG_STORAGE_BATCH_PAGES,
+    LruTier,
+    MoriDramTier,
+    Policy,
+    SetAssociativeTier,
+    TierTokens,
+)
 
 
 class PodCache:
@@ -51,12 +66,13 @@ class PodCache:
         self.device = LruTier(capacity.device)
         self.host = LruTier(capacity.host)
         marks = policy.dram_watermarks
-        self.l3_dram = (LruTier(capacity.l3_dram) if marks is None else
-                        LruTier(int(capacity.l3_dram * marks[1]), int(capacity.l3_dram * marks[0])))
+        self.l3_dram: LruTier | MoriDramTier = (
+            LruTier(capacity.l3_dram) if marks is None else
+            MoriDramTier(capacity.l3_dram, marks, policy.page_parts))
         self.l3_ssd: LruTier | SetAssociativeTier = (
             LruTier(capacity.l3_ssd) if policy.ssd_ways is None else SetAssociativeTier(
                 capacity.l3_ssd, policy.page_size, policy.page_parts, policy.ssd_ways,
-                policy.ssd_salt))
+                policy.ssd_salt, policy.ssd_set_hash))
         self.policy = policy
         self.page = policy.page_size
         self.threshold = policy.prefetch_threshold
@@ -102,32 +118,58 @@ class PodCache:
             i, l3, from_ssd = h, 0, []
         ssd_tokens = sum(prefix[h + k + 1] - prefix[h + k]
                          for k, on_ssd in enumerate(from_ssd) if on_ssd)
-        self._update(blocks, sizes, d, h, i, from_ssd)
+        m, weights = self._cached(sizes, input_length)
+        j = min(i, m)
+        self._update(blocks[:m], weights, min(d, m), min(h, m), j, from_ssd[:max(j - h, 0)])
         return prefix[d], prefix[h] - prefix[d], l3 - ssd_tokens, ssd_tokens
+
+    def _cached(self, sizes: list[int], input_length: int) -> tuple[int, list[int]]:
+        """The blocks a request leaves in the tiers and their tokens: SGLang keeps whole pages
+        only (its radix tree, host pool and storage hold ``floor(input / pageSize)`` pages), so
+        the tail past the last whole page is never cached and the block holding that boundary
+        weighs only its cached tokens."""
+        cached = input_length // self.page * self.page
+        weights: list[int] = []
+        start = 0
+        for size in sizes:
+            kept = min(size, cached - start)
+            if kept <= 0:
+                break
+            weights.append(kept)
+            start += size
+        return len(weights), weights
 
     def _update(self, blocks: tuple[int, ...], sizes: list[int], d: int, h: int, j: int,
                 from_ssd: list[bool]) -> None:
         host, dram, ssd = self.host, self.l3_dram, self.l3_ssd
-        for k in range(d):  # device hits: their host copies stay with them
+        for k in range(h):  # device and host hits: their host copies stay with them
             host.touch(blocks[k])
-        for k in range(d, h):
-            host.touch(blocks[k])
-        for k in range(h, j):
-            key = blocks[k]
-            if from_ssd[k - h]:
-                ssd.touch(key)
-                if self.policy.promote_on_hit:
-                    dram.add(key, sizes[k], None)
-            else:
-                dram.touch(key)
-                ssd.touch(key)  # our SSD tier's LRU sees DRAM's hits too (touch_later)
-            host.add(key, sizes[k], None)
+        # The prefetch reads L3 in calls of SGLANG_STORAGE_BATCH_PAGES pages; the store reads
+        # each call's pages from DRAM, the rest from SSD, then copies those into DRAM in one put.
+        for start in range(h, j, SGLANG_STORAGE_BATCH_PAGES):
+            batch = range(start, min(start + SGLANG_STORAGE_BATCH_PAGES, j))
+            for k in batch:
+                if not from_ssd[k - h]:
+                    dram.touch(blocks[k])
+                    ssd.touch(blocks[k])  # our SSD tier's LRU sees DRAM's hits too (touch_later)
+            for k in batch:
+                if from_ssd[k - h]:
+                    ssd.touch(blocks[k])
+                    if self.policy.promote_on_hit:
+                        dram.add(blocks[k], sizes[k], None)
+                host.add(blocks[k], sizes[k], None)
+            dram.end_call()
         if self.write_through:
             uses, needed = self.uses, self.write_through
+            backed_up = 0
             for k, key in enumerate(blocks):
                 count = uses[key] = uses.get(key, 0) + 1
                 if count >= needed and key not in host.entries:
                     self._backup(key, sizes[k])
+                    backed_up += 1
+                    if backed_up % SGLANG_STORAGE_BATCH_PAGES == 0:
+                        dram.end_call()
+            dram.end_call()
         evicted: list[tuple[int, int]] = []
         device = self.device
         for k in range(len(blocks) - 1, -1, -1):  # deepest first: the root ends most recent
@@ -136,9 +178,14 @@ class PodCache:
             for key, _ in evicted:
                 self.uses.pop(key, None)
         else:
+            backed_up = 0
             for key, size in evicted:
                 if key not in host.entries:
                     self._backup(key, size)
+                    backed_up += 1
+                    if backed_up % SGLANG_STORAGE_BATCH_PAGES == 0:
+                        dram.end_call()
+            dram.end_call()
 
     def _backup(self, key: int, size: int) -> None:
         """A page written to the host pool, then backed up to L3 (DRAM and, behind it, SSD)."""

@@ -157,9 +157,10 @@ def model_for_slice(trace: Trace, capacity: TierTokens, policy: Policy, *, pods:
                     samples: int = SSD_SAMPLES) -> SlicePrediction:
     """The model's per-tier hit tokens for a (scaled) slice on pods of ``capacity``: the mean
     of ``samples`` replays with different SSD key -> set maps and router draws (one when
-    neither a set-associative SSD tier nor a cache-aware router over several pods leaves
-    anything to chance)."""
-    sets = policy.ssd_ways is not None and capacity.l3_ssd > 0
+    neither a set-associative SSD tier without the store's own map (``Policy.ssd_set_hash``)
+    nor a cache-aware router over several pods leaves anything to chance)."""
+    sets = (policy.ssd_ways is not None and capacity.l3_ssd > 0
+            and policy.ssd_set_hash is None)
     draws = pods > 1 and router is not None and router.policy == "cache_aware"
     n = samples if sets or draws else 1
     return SlicePrediction(trace, capacity, tuple(

@@ -10,7 +10,8 @@ the LRU order leaf-first so that a chain's deepest blocks go before its root).
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 TIERS = ("device", "host", "l3_dram", "l3_ssd")
@@ -24,6 +25,9 @@ MORI_DRAM_WATERMARKS = (0.7, 0.9)
 #: SGLang 0.5.23's default ``prefetch_threshold`` (storage extra-config): a storage prefetch is
 #: issued only when at least this many tokens hit in L3.
 SGLANG_PREFETCH_THRESHOLD = 256
+#: SGLang 0.5.23 reads and backs up storage pages in calls of at most this many pages
+#: (``mem_cache.hicache_storage.STORAGE_BATCH_SIZE``): one store call, one mori put call each.
+SGLANG_STORAGE_BATCH_PAGES = 128
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,7 @@ class Policy:
         "write_back")
     prefetch_threshold: int = SGLANG_PREFETCH_THRESHOLD
     promote_on_hit: bool = True  # spec.l3.tiering.promoteOnHit: SSD hits copied into DRAM
-    #: mori 1.2.4's DRAM tier: after a put, once it holds high x its capacity it evicts its
+    #: mori 1.2.4's DRAM tier: after a put call, once it holds high x its capacity it evicts its
     #: least recently used keys down to low x (``dram.high_watermark`` 0.9, ``low_watermark``
     #: 0.7); None: a plain LRU of the whole capacity.
     dram_watermarks: tuple[float, float] | None = MORI_DRAM_WATERMARKS
@@ -66,18 +70,21 @@ class Policy:
     #: Which key -> set map the replay draws (the store hashes keys with SHA-256, which the
     #: trace cannot give): replays with several salts give the spread of that choice.
     ssd_salt: int = 0
+    #: The store's own map, where the replay knows each page's key: (block, part) -> the 64-bit
+    #: set hash of that part's key (``hicache_umbp.disk.index.set_hash``), taken modulo the
+    #: sets. The served check computes it from SGLang's page hashes and the pod's key prefixes;
+    #: None: the salted map above.
+    ssd_set_hash: Callable[[int, int], int] | None = field(default=None, compare=False,
+                                                          repr=False)
 
 
 class LruTier:
-    """Block key -> tokens, least recently used first; ``capacity`` tokens at most. With
-    ``low``, eviction works by watermarks as mori's DRAM tier does: once ``capacity`` is reached
-    it evicts down to ``low``."""
+    """Block key -> tokens, least recently used first; ``capacity`` tokens at most."""
 
-    __slots__ = ("capacity", "entries", "evicted_tokens", "low", "used")
+    __slots__ = ("capacity", "entries", "evicted_tokens", "used")
 
-    def __init__(self, capacity: int, low: int | None = None) -> None:
+    def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self.low = low
         self.entries: OrderedDict[int, int] = OrderedDict()
         self.used = 0
         self.evicted_tokens = 0
@@ -92,22 +99,87 @@ class LruTier:
             return
         entries[key] = tokens
         self.used += tokens
-        if self.low is None:
-            floor = self.capacity
-        elif self.used >= self.capacity:
-            floor = self.low
-        else:
-            return
-        while self.used > floor:
+        while self.used > self.capacity:
             old, size = entries.popitem(last=False)
             self.used -= size
             self.evicted_tokens += size
             if evicted is not None:
                 evicted.append((old, size))
 
+    def end_call(self) -> None:
+        """A store call ended (a plain LRU has evicted as it added)."""
+
     def touch(self, key: int) -> None:
         if key in self.entries:
             self.entries.move_to_end(key)
+
+
+class MoriDramTier:
+    """mori 1.2.4's DRAM tier as it keeps a page: one key per page part (K and V under mha),
+    LRU over keys, by watermarks. Probed on the real tier, and replayed against the real tier's
+    every result on a served pod's recorded calls (docs/capacity-planning.md):
+
+    * a put call takes keys while the tier has room (a key past its capacity is refused), and
+      only when the call ends (:meth:`end_call`), if it holds ``high`` x its capacity or more,
+      evicts least recently used keys down to ``low`` x: where each call ends decides what an
+      eviction round reaches, so the pod model ends calls where SGLang's do (:mod:`.pod`);
+    * a read moves a key to the most recent end, a put of a key it holds does not;
+    * eviction is per key, so a round can take a page's first part and keep its second: the
+      page is then no DRAM hit, and the store neither promotes nor writes it while DRAM holds a
+      part of it, until that part ages out too.
+
+    ``entries`` holds the whole pages (key -> tokens), as :class:`LruTier`'s does."""
+
+    __slots__ = ("capacity", "entries", "evicted_tokens", "high", "keys", "low", "partial",
+                 "parts", "used")
+
+    def __init__(self, capacity: int, watermarks: tuple[float, float], parts: int) -> None:
+        self.capacity = capacity
+        self.low, self.high = int(capacity * watermarks[0]), int(capacity * watermarks[1])
+        self.parts = max(parts, 1)
+        self.keys: OrderedDict[tuple[int, int], int] = OrderedDict()  # (block, part) -> tokens
+        self.entries: dict[int, int] = {}
+        self.partial: dict[int, int] = {}  # block -> parts held, for pages not whole
+        self.used = 0
+        self.evicted_tokens = 0
+
+    def add(self, key: int, tokens: int, evicted: list[tuple[int, int]] | None) -> None:
+        """A page put (``evicted`` is unused: eviction waits for :meth:`end_call`)."""
+        if key in self.entries or key in self.partial:
+            return
+        share, rest = divmod(tokens, self.parts)
+        held = 0
+        for part in range(self.parts):
+            size = share + (part < rest)
+            if self.used + size > self.capacity:
+                break
+            self.keys[key, part] = size
+            self.used += size
+            held += 1
+        if held == self.parts:
+            self.entries[key] = tokens
+        elif held:
+            self.partial[key] = held
+
+    def end_call(self) -> None:
+        if self.used < self.high:
+            return
+        keys = self.keys
+        while self.used > self.low:
+            (block, _), size = keys.popitem(last=False)
+            self.used -= size
+            self.evicted_tokens += size
+            if self.entries.pop(block, None) is not None:
+                left = self.parts - 1
+            else:
+                left = self.partial.pop(block) - 1
+            if left:
+                self.partial[block] = left
+
+    def touch(self, key: int) -> None:
+        if key in self.entries:
+            for part in range(self.parts):
+                self.keys.move_to_end((key, part))
 
 
 _MASK = (1 << 64) - 1
@@ -131,13 +203,14 @@ class SetAssociativeTier:
     fewer long prefixes, than an LRU of the same slots (the served check measured it).
     ``entries`` holds the whole pages (key -> tokens), as :class:`LruTier`'s does."""
 
-    __slots__ = ("capacity", "entries", "evicted_tokens", "partial", "parts", "salt", "sets",
-                 "used", "ways")
+    __slots__ = ("capacity", "entries", "evicted_tokens", "partial", "parts", "salt",
+                 "set_hash", "sets", "used", "ways")
 
     def __init__(self, capacity: int, page_size: int, parts: int, ways: int,
-                 salt: int = 0) -> None:
+                 salt: int = 0, set_hash: Callable[[int, int], int] | None = None) -> None:
         self.capacity = capacity
         self.salt = salt * 0x2545F4914F6CDD1D
+        self.set_hash = set_hash
         self.parts = max(parts, 1)
         slots = capacity // max(page_size, 1) * self.parts
         self.ways = ways if slots >= ways else max(slots, 1)
@@ -150,7 +223,9 @@ class SetAssociativeTier:
         self.evicted_tokens = 0
 
     def _set(self, key: int, part: int) -> OrderedDict[tuple[int, int], None]:
-        return self.sets[mix64((key * 131 + part) ^ self.salt) % len(self.sets)]
+        h = (mix64((key * 131 + part) ^ self.salt) if self.set_hash is None
+             else self.set_hash(key, part))
+        return self.sets[h % len(self.sets)]
 
     def add(self, key: int, tokens: int, evicted: list[tuple[int, int]] | None) -> None:
         if not self.sets or key in self.entries:
