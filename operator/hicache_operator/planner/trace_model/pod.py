@@ -48,6 +48,8 @@ evicted: it matters only when a key read that recently is among the least recent
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+
 from .tiers import (
     SGLANG_STORAGE_BATCH_PAGES,
     LruTier,
@@ -146,8 +148,7 @@ class PodCache:
             host.touch(blocks[k])
         # The prefetch reads L3 in calls of SGLANG_STORAGE_BATCH_PAGES pages; the store reads
         # each call's pages from DRAM, the rest from SSD, then copies those into DRAM in one put.
-        for start in range(h, j, SGLANG_STORAGE_BATCH_PAGES):
-            batch = range(start, min(start + SGLANG_STORAGE_BATCH_PAGES, j))
+        for batch in self._calls(range(h, j), sizes):
             for k in batch:
                 if not from_ssd[k - h]:
                     dram.touch(blocks[k])
@@ -160,16 +161,7 @@ class PodCache:
                 host.add(blocks[k], sizes[k], None)
             dram.end_call()
         if self.write_through:
-            uses, needed = self.uses, self.write_through
-            backed_up = 0
-            for k, key in enumerate(blocks):
-                count = uses[key] = uses.get(key, 0) + 1
-                if count >= needed and key not in host.entries:
-                    self._backup(key, sizes[k])
-                    backed_up += 1
-                    if backed_up % SGLANG_STORAGE_BATCH_PAGES == 0:
-                        dram.end_call()
-            dram.end_call()
+            self._backups(self._written_through(blocks, sizes))
         evicted: list[tuple[int, int]] = []
         device = self.device
         for k in range(len(blocks) - 1, -1, -1):  # deepest first: the root ends most recent
@@ -178,14 +170,43 @@ class PodCache:
             for key, _ in evicted:
                 self.uses.pop(key, None)
         else:
-            backed_up = 0
-            for key, size in evicted:
-                if key not in host.entries:
-                    self._backup(key, size)
-                    backed_up += 1
-                    if backed_up % SGLANG_STORAGE_BATCH_PAGES == 0:
-                        dram.end_call()
-            dram.end_call()
+            self._backups((key, size) for key, size in evicted if key not in host.entries)
+
+    def _calls(self, blocks: range, sizes: list[int]) -> list[list[int]]:
+        """``blocks`` cut into SGLang's storage calls: at most SGLANG_STORAGE_BATCH_PAGES
+        pages each."""
+        limit = SGLANG_STORAGE_BATCH_PAGES * self.page
+        calls: list[list[int]] = []
+        tokens = limit
+        for k in blocks:
+            if tokens + sizes[k] > limit:
+                calls.append([])
+                tokens = 0
+            calls[-1].append(k)
+            tokens += sizes[k]
+        return calls
+
+    def _written_through(self, blocks: tuple[int, ...],
+                         sizes: list[int]) -> Iterator[tuple[int, int]]:
+        """The pages write-through writes to host now (on their ``write_through`` th use on the
+        device, when host lacks them), each checked as the one before it is written."""
+        uses, needed, host = self.uses, self.write_through, self.host.entries
+        for key, size in zip(blocks, sizes, strict=True):
+            count = uses[key] = uses.get(key, 0) + 1
+            if count >= needed and key not in host:
+                yield key, size
+
+    def _backups(self, pages: Iterable[tuple[int, int]]) -> None:
+        """One request's pages written to host and backed up to L3 in SGLang's storage calls
+        (at most SGLANG_STORAGE_BATCH_PAGES pages each; DRAM evicts when a call ends)."""
+        limit, in_call = SGLANG_STORAGE_BATCH_PAGES * self.page, 0
+        for key, size in pages:
+            if in_call + size > limit:
+                self.l3_dram.end_call()
+                in_call = 0
+            self._backup(key, size)
+            in_call += size
+        self.l3_dram.end_call()
 
     def _backup(self, key: int, size: int) -> None:
         """A page written to the host pool, then backed up to L3 (DRAM and, behind it, SSD)."""
