@@ -53,10 +53,9 @@ from pod.trace_replay import (  # noqa: E402
     capacity_of,
     served_cr,
     single_token_words,
-    store_key_prefixes,
-    store_set_hash,
     trace_slice,
     vocab_size,
+    with_store_sets,
 )
 from pod.trace_replay import replay as served_replay  # noqa: E402
 from support.smg import generate, healthy_worker_ips, wait_until  # noqa: E402
@@ -80,12 +79,12 @@ def single_pod(root: Path, node: Node, image: Any, models: Path, requests: int,
         pod.wait_ready(600)
         served = served_replay(f"http://127.0.0.1:{PORT}", trace, vocab_size(models),
                                gap_s=gap_s)
-        prefixes = store_key_prefixes(pod.container("engine").log_text(10**8))
+        engine_log = pod.container("engine").log_text(10**8)
     finally:
         pod.close()
     # The store's own page -> set map (SGLang's page hashes under the keys the pod logged);
     # the mean over 32 other maps beside it is what a plan without the keys predicts.
-    mapped = replace(policy, ssd_set_hash=store_set_hash(trace, prefixes, vocab_size(models)))
+    mapped = with_store_sets(policy, trace, engine_log, vocab_size(models))
     predicted = model_for_slice(trace, capacity, mapped)
     mean_of_maps = model_for_slice(trace, capacity, policy)
     # How much 2% of UMBP DRAM's capacity moves the DRAM / SSD split: at these capacities

@@ -12,7 +12,7 @@ device and host pools as SGLang sizes them, L3 with the planner's sizing) and th
 CR gives (``pod_model``: page size, write-through, SGLang's prefetch threshold and gate and its
 128-page storage calls, promotion, mori's DRAM keys, watermarks and per-call eviction, our SSD
 tier's 16-way sets of page parts), with the store's own page -> set map
-(``trace_replay.store_set_hash``: SGLang's page hashes under the key prefixes the pod's store
+(``trace_replay.with_store_sets``: SGLang's page hashes under the key prefixes the pod's store
 logged). Every tier's served hit tokens must be within 10% of the prediction (they have been
 equal to the token). Requests go ``GAP_S`` apart: the model has a request's backups end before
 the next request's prefetch, and back to back a promotion is sometimes skipped while the last
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +38,9 @@ from .trace_replay import (
     capacity_of,
     replay,
     served_cr,
-    store_key_prefixes,
-    store_set_hash,
     trace_slice,
     vocab_size,
+    with_store_sets,
 )
 
 pytestmark = pytest.mark.pod
@@ -62,22 +60,20 @@ def test_served_pod_hits_per_tier_agree_with_the_model(
     cr = served_cr(trace)
     planned = plan_pod(cr, admin_config(node))
     capacity, policy = capacity_of(planned.plan, cr)
-    predicted = model_for_slice(trace, capacity, policy)
+    vocab = vocab_size(models_dir)
     pod = start_pod(planned, node, image, workdir, {"tiny-models": models_dir})
     try:
         pod.wait_ready(600)
-        served = replay(Client(30000).base, trace, vocab_size(models_dir), gap_s=GAP_S)
-        prefixes = store_key_prefixes(pod.container("engine").log_text(10**8))
+        served = replay(Client(30000).base, trace, vocab, gap_s=GAP_S)
+        engine_log = pod.container("engine").log_text(10**8)
     finally:
         pod.close()
-    # The store's own page -> set map: the model keeps the SSD's pages where the store does.
-    mapped = model_for_slice(trace, capacity, replace(
-        policy, ssd_set_hash=store_set_hash(trace, prefixes, vocab_size(models_dir))))
+    # The store's own page -> set map: the model keeps the SSD's pages where the store does
+    # (the mean over other maps, and its spread: bench/trace_served.py).
+    mapped = model_for_slice(trace, capacity, with_store_sets(policy, trace, engine_log, vocab))
     ratios = mapped.served_vs_model(served.hit_tokens)
     total = sum(mapped.hit_tokens.values())
     report = {"capacity": capacity.__dict__, "predicted": mapped.hit_tokens,
-              "predicted_mean_of_maps": predicted.hit_tokens,
-              "predicted_spread": predicted.hit_spread,
               "served": served.hit_tokens, "served_storage": served.storage_tokens,
               "prompt_tokens": served.prompt_tokens, "replay_s": round(served.seconds, 1),
               # promotions the store skipped for a put still running (the gap is there to

@@ -11,9 +11,10 @@ trace model's prediction for the same capacities (issue 26, the served check).
 * :func:`replay` -- the slice's prompts (``trace_model.prompt_ids``) sent one at a time, hits per
   tier from each response's ``meta_info`` and, for the L3 split, the store's
   ``hicache_umbp_l3_read_pages_total{tier}`` on ``/metrics``;
-* :func:`store_set_hash` -- the SSD tier's own page -> set map for the slice, from SGLang's page
-  hashes and the key prefixes the pod's store logged (:func:`store_key_prefixes`), so the
-  model keeps the pages in the sets the store does (``Policy.ssd_set_hash``).
+* :func:`with_store_sets` -- the policies with the SSD tier's own page -> set map for the slice
+  (:func:`store_set_hash`), from SGLang's page hashes and the key prefixes the pod's store
+  logged (:func:`store_key_prefixes`), so the model keeps the pages in the sets the store does
+  (``Policy.ssd_set_hash``).
 """
 
 from __future__ import annotations
@@ -245,3 +246,10 @@ def store_set_hash(trace: Trace, prefixes: list[str], vocab: int) -> Callable[[i
     table = {(block, part): set_hash(key_digest(prefix + h))
              for block, h in page_hash.items() for part, prefix in enumerate(prefixes)}
     return lambda block, part: table[block, part]
+
+
+def with_store_sets(policy: Policy, trace: Trace, engine_log: str, vocab: int) -> Policy:
+    """``policy`` with the store's own SSD map for ``trace``, from the pod's engine log (read
+    it before the pod goes)."""
+    return replace(policy, ssd_set_hash=store_set_hash(
+        trace, store_key_prefixes(engine_log), vocab))
