@@ -32,6 +32,8 @@ WORKERS = {"workers": [
 def test_the_worker_list_is_read_by_pod_ip_and_health() -> None:
     seen = parse_workers(WORKERS)
     assert seen.healthy_ips == frozenset({"10.0.0.1"}) and seen.workers == 2
+    # a draining worker is still the router's until it lets it go (an engine restart waits)
+    assert seen.listed_ips == frozenset({"10.0.0.1", "10.0.0.2"})
     assert parse_workers({"nope": 1}).healthy_ips is None
 
 

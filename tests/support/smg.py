@@ -12,15 +12,25 @@ from urllib.parse import urlsplit
 T = TypeVar("T")
 
 
+def _workers(router: str) -> list[dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(f"{router}/workers", timeout=5) as r:
+            return list(json.loads(r.read())["workers"])
+    except OSError:
+        return []
+
+
 def healthy_workers(router: str) -> set[str]:
     """The healthy workers' URLs in the router's own list (``GET <router>/workers``); empty
     while the router does not answer."""
-    try:
-        with urllib.request.urlopen(f"{router}/workers", timeout=5) as r:
-            data = json.loads(r.read())
-    except OSError:
-        return set()
-    return {w["url"] for w in data["workers"] if w.get("is_healthy")}
+    return {w["url"] for w in _workers(router) if w.get("is_healthy")}
+
+
+def listed_workers(router: str) -> dict[str, str]:
+    """Every worker in the router's own list by URL, healthy or not, with smg's status for it
+    (``ready``, ``draining``: removed, and let go 5 s later); empty while the router does not
+    answer."""
+    return {w["url"]: str(w.get("status", "")) for w in _workers(router)}
 
 
 def healthy_worker_ips(router: str) -> set[str]:

@@ -234,7 +234,9 @@ class RolloutConfig(ApiModel):
         "(hicache.sglang.ai/in-place-ready) False, it waits this long before it restarts the "
         "engine in place, so the Service's endpoints stop sending it requests first. The "
         "operator also takes the pod out of every router pod's worker list (smg keeps routing "
-        "to a pod that is not Ready while its engine is healthy); its next Ready adds it back.",
+        "to a pod that is not Ready while its engine is healthy); its next Ready adds it back. "
+        "Behind a router the engine also waits until the router has let the pod go: smg "
+        "removes a drained worker's URL 5 s after the drain, so the operator waits 6 s from it.",
     )
     prepull: bool = Field(
         default=True,

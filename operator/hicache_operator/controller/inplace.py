@@ -6,8 +6,10 @@ from the rollout decision, then send its pod patches.
 
 ``ServingCheck`` is the extension point for "ready to take traffic" beyond the pod's Ready
 condition: where a router serves the CR, the reconciler adds one returning the pods the router
-routes to (``Reconciler._serving_checks``), and a rollout then waits for each restarted pod to be
-back in that set before the next.
+routes to (:func:`router_routed`), and a rollout then waits for each restarted pod to be
+back in that set before the next. Its other router check, :func:`router_leaving`, holds a
+pod's engine restart until no router pod lists the pod any more (smg drains a removed worker
+before it lets it go).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 from hicache_umbp.contract.revisions import CONFIG_KEY_PREFIX, CONFIG_REVISION_ENV, config_key
 
@@ -29,7 +32,7 @@ from .kube import KubeClient, KubeError
 from .logs import cr_logger
 from .rollout_pods import gate, has_gate, pod_ready
 from .rollout_steps import GATE_DRAINING
-from .router_status import RouterReader, router_pod_selector, router_serving
+from .router_status import RouterReader, routed_pods, router_pod_selector, router_serving
 from .transitions import Event
 
 Obj = dict[str, Any]
@@ -80,6 +83,49 @@ async def serving_pods(cr: Mapping[str, Any], pods: Sequence[Mapping[str, Any]],
 PullLister = Callable[[], Awaitable[list[Obj]]]
 
 
+def router_routed(kube: KubeClient, reader: RouterReader, planned: Any,
+                  live: Mapping[ChildKey, Obj], key: tuple[str, str]) -> ServingCheck | None:
+    """The pods a router routes to (``router_status.routed_pods``, the first ready router pod's
+    healthy workers): a restarted pod is done only once it is among them. None: no router
+    serves the CR."""
+    if getattr(planned, "router", None) is None or not router_serving(live, key[1]):
+        return None
+
+    async def routed(cr: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> set[str] | str:
+        router_pods = await kube.list("v1", "Pod", key[0], router_pod_selector(key[1]))
+        seen = await reader.observe(key, router_pods, planned.spec.router.port)
+        names = routed_pods(pods, seen)
+        if names is None:
+            return (f"the router's worker list cannot be read ({seen.error}); no pod is "
+                    "restarted until it can")
+        return names
+    return routed
+
+
+def router_leaving(kube: KubeClient, reader: RouterReader, planned: Any,
+                   live: Mapping[ChildKey, Obj], key: tuple[str, str]) -> ServingCheck | None:
+    """Which of the given pods (their gate closed) a router has not let go yet; their engines
+    do not restart before it has. A pod the kubelet still reports Ready has not been drained
+    (:func:`drain_router` waits for it); a drained one is let go ``SMG_LETS_GO_S`` later
+    (``RouterReader.letting_go``), unless a ready router pod still lists it (its removal
+    failed: ``RouterReader.listed``). None: no router serves the CR."""
+    if getattr(planned, "router", None) is None or not router_serving(live, key[1]):
+        return None
+
+    async def leaving(cr: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> set[str] | str:
+        ips = {str((p.get("status") or {}).get("podIP") or ""): str(p["metadata"]["name"])
+               for p in pods if not pod_ready(p)}
+        ips.pop("", None)
+        router_pods = await kube.list("v1", "Pod", key[0], router_pod_selector(key[1]))
+        listed = await reader.listed(router_pods, planned.spec.router.port)
+        if isinstance(listed, str):
+            return listed
+        held = reader.letting_go(key, frozenset(ips)) | listed
+        return {str(p["metadata"]["name"]) for p in pods if pod_ready(p)} | {
+            name for ip, name in ips.items() if ip in held}
+    return leaving
+
+
 def pull_lister(kube: KubeClient, namespace: str, name: str) -> PullLister:
     """Lists the CR's pull pods (``builders.prepull``: their own name label)."""
     selector = ",".join(f"{k}={v}" for k, v in prepull_selector(name).items())
@@ -93,10 +139,12 @@ async def decide(planned: Any, cr: Mapping[str, Any], desired: dict[ChildKey, Ob
                  live: Mapping[ChildKey, Obj], pods: Sequence[Mapping[str, Any]],
                  checks: Sequence[ServingCheck], settings: RolloutConfig,
                  clock: Callable[[], float] = time.time,
-                 list_pulls: PullLister | None = None) -> rollout.Decision | None:
+                 list_pulls: PullLister | None = None,
+                 leaving_check: ServingCheck | None = None) -> rollout.Decision | None:
     """The rollout decision, with ``desired`` rewritten to match it: the StatefulSet's
     ``updateStrategy`` (and kubectl's restart request, ``kubectl.carry_restart``) and the
-    ConfigMap revisions to keep. None: not InPlaceIfPossible."""
+    ConfigMap revisions to keep. None: not InPlaceIfPossible. ``leaving_check``: which pods
+    out of rotation a router still lists (:func:`router_leaving`)."""
     strategy = planned.spec.update_strategy
     if strategy.type != IN_PLACE:
         return None
@@ -114,23 +162,34 @@ async def decide(planned: Any, cr: Mapping[str, Any], desired: dict[ChildKey, Ob
         prepull_timeout_s=float(settings.prepull_timeout_seconds) if settings.prepull else 0.0,
         namespace=str(meta.get("namespace", "")), cr_name=str(meta.get("name", "")))
     pulls: dict[str, Obj] = {}
+    leaving: frozenset[str] = frozenset()
 
     def decide_with(serving: set[str], hold: str | None = None) -> rollout.Decision:
         return rollout.decide(
             target, live.get(sts_key), pods, serving=lambda p: p["metadata"]["name"] in serving,
             live_configs=live_configs(live_cm), previous=previous, now=clock(),
             restart_timeout_s=settings.restart_timeout_seconds, hold=hold, pacing=pacing,
-            pulls=pulls)
+            pulls=pulls, leaving=leaving)
 
     ready = (await serving_pods(cr, pods, ()))[0]
     decision = decide_with(ready)
     if list_pulls is not None and (decision.status is not None or previous):
         # a rollout runs or just ended: its pull pods (to wait for, or to delete)
         pulls = {str(p["metadata"]["name"]): p for p in await list_pulls()}
+    hold = None
+    gated = [p for p in pods if has_gate(p) and (gate(p) or {}).get("status") == "False"]
+    if decision.status is not None and leaving_check is not None and gated:
+        still = await leaving_check(cr, gated)
+        if isinstance(still, str):
+            hold = (f"the router's worker list cannot be read ({still}); no pod is restarted "
+                    "until it can")
+        else:
+            leaving = frozenset(still)
     if decision.status is not None and checks:  # a rollout runs: ask the serving checks too
-        decision = decide_with(*await serving_pods(cr, pods, checks))
-    elif pulls:
-        decision = decide_with(ready)
+        serving, why = await serving_pods(cr, pods, checks)
+        decision = decide_with(serving, why or hold)
+    elif pulls or leaving or hold:
+        decision = decide_with(ready, hold)
     sts = json.loads(json.dumps(desired[sts_key]))
     sts["spec"]["updateStrategy"] = decision.update_strategy
     desired[sts_key] = sts
@@ -166,6 +225,7 @@ async def drain_router(kube: KubeClient, reader: RouterReader, planned: Any,
         return []
     router_pods = await kube.list("v1", "Pod", key[0], router_pod_selector(key[1]))
     removed, errors = await reader.drain(router_pods, planned.spec.router.port, draining)
+    reader.note_drained(key, {str(urlsplit(url).hostname) for url in removed})
     for error in errors:
         cr_logger(*key).warning("could not take a draining pod out of the router: %s", error)
     if not removed:

@@ -29,13 +29,7 @@ from .claims import check_claims
 from .kube import CHILD_KINDS, KubeClient, KubeError
 from .logs import cr_logger
 from .namespaces import pod_security_label
-from .router_status import (
-    RouterReader,
-    routed_pods,
-    router_block,
-    router_pod_selector,
-    router_serving,
-)
+from .router_status import RouterReader, router_block, router_pod_selector, router_serving
 from .slots import PrioritySlots
 from .transitions import Event, transition_events
 
@@ -317,7 +311,9 @@ class Reconciler:
             decision = await inplace.decide(
                 planned, body, planned_objects, live, pods,
                 self._serving_checks(planned, live, (namespace, name)),
-                self.config.rollout, list_pulls=inplace.pull_lister(self.kube, namespace, name))
+                self.config.rollout, list_pulls=inplace.pull_lister(self.kube, namespace, name),
+                leaving_check=inplace.router_leaving(self.kube, self.router_reader, planned,
+                                                     live, (namespace, name)))
             desired = {k: self._desired(o, body) for k, o in planned_objects.items()}
             # Drift checks need no copy of the last-applied annotation (it repeats the object).
             state.desired = {k: diff.without_last_applied(v) for k, v in desired.items()}
@@ -390,20 +386,8 @@ class Reconciler:
                         key: tuple[str, str]) -> list[inplace.ServingCheck]:
         """What "serving" means to an in-place rollout of this CR: Ready, plus the router's
         worker set (read afresh) where a router serves the CR's Service."""
-        checks = list(self.serving_checks)
-        if getattr(planned, "router", None) is None or not router_serving(live, key[1]):
-            return checks
-
-        async def routed(cr: Mapping[str, Any],
-                         pods: Sequence[Mapping[str, Any]]) -> set[str] | str:
-            router_pods = await self.kube.list("v1", "Pod", key[0], router_pod_selector(key[1]))
-            seen = await self.router_reader.observe(key, router_pods, planned.spec.router.port)
-            routed = routed_pods(pods, seen)
-            if routed is None:
-                return (f"the router's worker list cannot be read ({seen.error}); no pod is "
-                        "restarted until it can")
-            return routed
-        return [*checks, routed]
+        routed = inplace.router_routed(self.kube, self.router_reader, planned, live, key)
+        return [*self.serving_checks, *([routed] if routed is not None else [])]
 
     async def _observe_router(self, planned: Any, trigger: str, key: tuple[str, str],
                               live: Mapping[ChildKey, Obj], pods: list[Obj],

@@ -28,7 +28,11 @@ How it works with the StatefulSet controller (whose bookkeeping stays true throu
   1. a new image is pulled on the pod's node first by a pull pod (``builders.prepull``), while
      the old engine serves; a pull that fails or times out stops the rollout;
   2. the pod's readiness gate (``hicache.sglang.ai/in-place-ready``) is set False, so the pod
-     leaves the Endpoints and the router, and the operator waits ``drainGraceSeconds``;
+     leaves the Endpoints and the router, and the operator waits ``drainGraceSeconds`` and,
+     where a router serves the CR, until the router has let the pod go (``leaving``: smg
+     1.13.0 removes a drained worker 5 s after the drain, by URL; an engine restarted sooner
+     comes back under that URL and is removed again, and the next pod may then go while the
+     router has no worker at all);
   3. one JSON patch: the engine image (the kubelet restarts that container), the template's
      labels and annotations (the ``config-hash`` one makes the launcher's watcher restart the
      engine, ``hicache_umbp.launch.revision``), the ``controller-revision-hash`` label set to
@@ -97,6 +101,8 @@ __all__ = ["ENGINE", "IN_PLACE_ANNOTATION", "REVISION_LABEL", "Decision", "Failu
 Obj = dict[str, Any]
 # How often a running pull pod is looked at (the operator watches no pull pod).
 PULL_POLL_S = 5.0
+# How often a router that still lists a draining pod is asked again (nothing watches it).
+LEAVE_POLL_S = 1.0
 # Pull pod states that say the image is on the node (the container was created or ran).
 _PULLED_WAITING = frozenset({"CreateContainerConfigError", "CreateContainerError",
                              "RunContainerError"})
@@ -214,11 +220,13 @@ def decide(target: Target, live_sts: Mapping[str, Any] | None,
            live_configs: frozenset[str], previous: Mapping[str, Any] | None, now: float,
            restart_timeout_s: float | None = None, hold: str | None = None,
            pacing: Pacing = Pacing(),
-           pulls: Mapping[str, Mapping[str, Any]] | None = None) -> Decision:
+           pulls: Mapping[str, Mapping[str, Any]] | None = None,
+           leaving: frozenset[str] = frozenset()) -> Decision:
     """What to do now for one CR's pods (see the module docstring). ``serving`` is asked only
     when ``hold`` is None (a ``hold`` says why serving cannot be known now); ``pulls`` are the
-    CR's pull pods by name; ``restart_timeout_s`` None: the pod's grace period plus the time
-    to start a container (``planner.pod_overhead``)."""
+    CR's pull pods by name; ``leaving`` the pods a router has not let go yet (their engines do
+    not restart yet); ``restart_timeout_s`` None: the pod's grace period plus the time to start a
+    container (``planner.pod_overhead``)."""
     timeout = restart_timeout_s if restart_timeout_s is not None else float(
         in_place_restart_timeout_seconds(target.grace_seconds))
     pulls = pulls or {}
@@ -273,11 +281,15 @@ def decide(target: Target, live_sts: Mapping[str, Any] | None,
         if why is not None:
             fail = Failure(name_of(pod), why)
             break
-    step = _Steps(target, revision, pacing, pulls, now)
+    step = _Steps(target, revision, pacing, pulls, now, leaving)
     if fail is None and hold is None:
         fail = step.run(owned, outdated, in_flight, serving)
     if hold is not None:
         status["waiting"] = hold
+    elif step.leaving_router:
+        status["waiting"] = (f"{', '.join(sorted(step.leaving_router))}: not let go by the "
+                             "router yet (it removes a drained worker some seconds after the "
+                             "drain, by URL); the engine restarts once it has")
     restarting = sorted({name_of(p) for p in in_flight} | {p.pod for p in step.patches})
     status["restarting"] = restarting
     if step.preparing:
@@ -295,9 +307,11 @@ class _Steps:
     """The next step of each outdated pod the budget lets go (module docstring, 1-3)."""
 
     def __init__(self, target: Target, revision: str, pacing: Pacing,
-                 pulls: Mapping[str, Mapping[str, Any]], now: float) -> None:
+                 pulls: Mapping[str, Mapping[str, Any]], now: float,
+                 leaving: frozenset[str] = frozenset()) -> None:
         self.target, self.revision, self.pacing, self.now = target, revision, pacing, now
-        self.existing_pulls = pulls
+        self.existing_pulls, self.leaving = pulls, leaving
+        self.leaving_router: set[str] = set()
         self.patches: list[PodPatch] = []
         self.gates: list[GatePatch] = []
         self.pulls: list[Obj] = []
@@ -363,5 +377,10 @@ class _Steps:
                 self.preparing.add(name)
                 self._recheck(self.pacing.drain_grace_s - waited)
                 return None
+        if name in self.leaving:
+            self.preparing.add(name)
+            self.leaving_router.add(name)
+            self._recheck(LEAVE_POLL_S)
+            return None
         self.patches.append(engine_patch(pod, self.target, self.revision, self.now))
         return None

@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -30,6 +31,11 @@ import aiohttp
 Obj = dict[str, Any]
 ROUTER_REASONS = ("RouterUnavailable", "RouterMissingPods")
 MAX_BODY = 4 * 1024 * 1024
+# smg 1.13.0 answers ``DELETE /workers/{id}`` at once, then drains the worker for its
+# ``drain_settle_secs`` (5 s; no flag sets it for discovered workers) and removes whatever worker
+# has that URL then. The worker drops out of ``GET /workers`` before that, so only the time
+# says when the router has let go. One second more for the removal itself.
+SMG_LETS_GO_S = 5.0 + 1.0
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,7 @@ class RouterObservation:
     healthy_ips: frozenset[str] | None  # None: not read
     workers: int = 0  # registered workers (healthy or not)
     error: str = ""
+    listed_ips: frozenset[str] = frozenset()  # every listed worker: ready, draining, unhealthy
 
 
 def _ready_since(pod: Mapping[str, Any]) -> str | None:
@@ -64,13 +71,17 @@ def parse_workers(payload: Any) -> RouterObservation:
     if not isinstance(payload, Mapping) or not isinstance(payload.get("workers"), list):
         return RouterObservation(None, error="the router's /workers answer has no worker list")
     healthy: set[str] = set()
+    listed: set[str] = set()
     for worker in payload["workers"]:
         if not isinstance(worker, Mapping):
             continue
         host = urlsplit(str(worker.get("url", ""))).hostname
+        if host:
+            listed.add(host)
         if host and worker.get("is_healthy") is True:
             healthy.add(host)
-    return RouterObservation(frozenset(healthy), workers=len(payload["workers"]))
+    return RouterObservation(frozenset(healthy), workers=len(payload["workers"]),
+                             listed_ips=frozenset(listed))
 
 
 async def read_workers(session: aiohttp.ClientSession, pod_ip: str, port: int,
@@ -200,9 +211,10 @@ def router_serving(live: Mapping[tuple[str, str, str], Mapping[str, Any]], name:
 class RouterReader:
     """Reads each CR's router worker list on the resync timer and keeps the last answer."""
 
-    def __init__(self, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
+    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.timeout_s, self._clock = timeout_s, clock
         self._last: dict[tuple[str, str], RouterObservation] = {}
+        self._drained: dict[tuple[str, str], dict[str, float]] = {}  # CR -> pod IP -> when
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -240,11 +252,42 @@ class RouterReader:
                 errors.append(f"router pod {ip}: {error}")
         return removed, errors
 
+    def note_drained(self, key: tuple[str, str], pod_ips: Iterable[str]) -> None:
+        """The routers were just told to remove the workers at ``pod_ips``."""
+        now = self._clock()
+        self._drained.setdefault(key, {}).update(dict.fromkeys(pod_ips, now))
+
+    def letting_go(self, key: tuple[str, str], pod_ips: frozenset[str]) -> frozenset[str]:
+        """Of the out-of-rotation pods at ``pod_ips``, those a router may still remove later
+        (:data:`SMG_LETS_GO_S` after their drain): an engine restarted before then comes back
+        under the same URL and is removed with it. A pod this process has not seen drained
+        (the operator restarted meanwhile) counts from now. Pods not asked about are
+        forgotten."""
+        now = self._clock()
+        seen = self._drained.get(key, {})
+        kept = {ip: seen.get(ip, now) for ip in pod_ips}
+        self._drained[key] = kept
+        return frozenset(ip for ip, since in kept.items() if now - since < SMG_LETS_GO_S)
+
+    async def listed(self, router_pods: Sequence[Mapping[str, Any]],
+                     port: int) -> frozenset[str] | str:
+        """The engine pod IPs any ready router pod still lists, in any state (``ready``,
+        ``draining``, unhealthy): one whose removal failed, or that the router took back. A
+        string: which router could not be read."""
+        listed: set[str] = set()
+        for ip in ready_router_ips(router_pods):
+            seen = await read_workers(self._session_for_loop(), ip, port, self.timeout_s)
+            if seen.healthy_ips is None:
+                return f"router pod {ip}: {seen.error}"
+            listed |= seen.listed_ips
+        return frozenset(listed)
+
     def last(self, key: tuple[str, str]) -> RouterObservation | None:
         return self._last.get(key)
 
     def forget(self, key: tuple[str, str]) -> None:
         self._last.pop(key, None)
+        self._drained.pop(key, None)
 
     async def close(self) -> None:
         if self._session is not None and not self._session.closed:
