@@ -5,10 +5,11 @@ restarts an engine twice, and the rollout finishes.
 
 Real: the operator as a process (``python -m hicache_operator run``, SIGKILLed and started
 again), the emulator's API server and StatefulSet controller, HTTP from the operator to the
-router's ``GET /workers``. Emulated: the kubelet (readiness gates, pull pods, restarts), the
+router's ``/workers``. Emulated: the kubelet (readiness gates, pull pods, restarts), the
 scheduler (pods bound to nodes), the eviction (a DELETE of the pod, what a drain's eviction
-does once the PDB allows it) and the router (a stdlib HTTP server answering smg's
-``/workers``, or 503). Counted: pod states the API server stored, restarts the kubelet made.
+does once the PDB allows it) and the router (a stdlib HTTP server answering smg's ``GET`` and
+``DELETE /workers``, or 503). Counted: pod states the API server stored, restarts the kubelet
+made.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def test_a_rollout_survives_a_blocked_router_an_operator_kill_and_an_eviction(
     assert sim is not None
     cluster.emu.call(lambda s: setattr(sim, "nodes", ("gpu-a", "gpu-b", "gpu-c", "gpu-d")))
     ips = [f"127.0.0.{30 + i}" for i in range(4)]
-    with _FakeRouter(ips) as router:
+    with _FakeRouter(ips, cluster) as router:
         operator_process.start()
         cluster.wait_operator_watching()
         cr = _cr("chaos", replicas=4, maxUnavailable=1)
@@ -82,9 +83,9 @@ def test_a_rollout_survives_a_blocked_router_an_operator_kill_and_an_eviction(
         cluster.wait_operator_watching()
         asked = router.asked
         cluster.wait(lambda: router.asked >= asked + 3, "three reads of the dark router", 60)
+        cluster.wait(lambda: "cannot be read" in ((cluster.cr("chaos") or {}).get(
+            "status") or {}).get("rollout", {}).get("waiting", ""), "the rollout to say why")
         assert [p for p, _, _ in kubelet.restarts] == ["chaos-3"]  # nothing new while dark
-        assert "cannot be read" in ((cluster.cr("chaos") or {}).get("status") or {}).get(
-            "rollout", {}).get("waiting", "")
 
         router.readable = True
         cluster.wait(lambda: _rolled_out(cluster, "chaos"), "the rollout to finish", 120)

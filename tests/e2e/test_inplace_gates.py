@@ -7,7 +7,8 @@ operator to a router's ``GET /workers``. Emulated: the kubelet (``emulator/kubel
 only when the containers are ready and every readiness gate's condition is True; pull pods pull
 their image and exit; a changed image restarts that container; a restarted engine is ready
 ``READY_AFTER_S`` later), the scheduler (pods bound to nodes by ordinal), and the router: a
-stdlib HTTP server answering smg's ``/workers`` (or 503), not smg. Every count is of requests
+stdlib HTTP server answering smg's ``GET /workers`` (or 503) and ``DELETE /workers/{id}``, not
+smg. Every count is of requests
 the operator sent or of pod states the API server stored.
 """
 
@@ -97,25 +98,56 @@ def test_each_pod_leaves_the_rotation_and_gets_its_image_before_its_engine_resta
 
 
 class _FakeRouter:
-    """smg's ``GET /workers`` on 127.0.0.1: every engine pod IP healthy, or 503 (unreadable)."""
+    """smg's ``GET /workers`` on 127.0.0.1 (or 503: unreadable) and ``DELETE /workers/{id}``.
+    Every engine pod IP is listed healthy until the operator removes it; as smg's discovery
+    does, a removed pod is listed again once its pod is Ready again (``cluster``: the pods as
+    the API server has them; the operator removes a pod only once it is not Ready)."""
 
-    def __init__(self, ips: list[str]) -> None:
+    def __init__(self, ips: list[str], cluster: Cluster | None = None) -> None:
         self.ips, self.readable, self.asked = ips, True, 0
+        self.removed: set[str] = set()
+        self.deletes: list[str] = []
         router = self
 
+        def ready(ip: str) -> bool:
+            return cluster is not None and any(
+                (p.get("status") or {}).get("podIP") == ip and _condition(p, "Ready") == "True"
+                for p in cluster.emu.list("v1", "pods", NAMESPACE))
+
+        def listed() -> list[str]:
+            router.removed -= {ip for ip in router.removed if ready(ip)}
+            return [ip for ip in router.ips if ip not in router.removed]
+
         class Handler(BaseHTTPRequestHandler):
+            def _answer(self, status: int, body: Any = None) -> None:
+                raw = json.dumps(body).encode() if body is not None else b""
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
             def do_GET(self) -> None:
                 router.asked += 1
                 if not router.readable:
-                    self.send_response(503)
-                    self.end_headers()
+                    self._answer(503)
                     return
-                body = json.dumps({"workers": [{"url": f"http://{ip}:30000", "is_healthy": True}
-                                               for ip in router.ips], "total": len(router.ips)})
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.end_headers()
-                self.wfile.write(body.encode())
+                ips = listed()
+                self._answer(200, {"workers": [
+                    {"id": f"worker-{ip}", "url": f"http://{ip}:30000", "is_healthy": True,
+                     "status": "ready"} for ip in ips], "total": len(ips)})
+
+            def do_DELETE(self) -> None:
+                if not router.readable:
+                    self._answer(503)
+                    return
+                ip = self.path.rsplit("worker-", 1)[-1]
+                if ip not in router.ips or ip in router.removed:
+                    self._answer(404, {"code": "WORKER_NOT_FOUND"})
+                    return
+                router.removed.add(ip)
+                router.deletes.append(ip)
+                self._answer(202, {"status": "accepted"})
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -133,8 +165,8 @@ class _FakeRouter:
 
 
 @pytest.fixture
-def fake_router() -> Iterator[_FakeRouter]:
-    with _FakeRouter([f"127.0.0.{20 + i}" for i in range(3)]) as router:
+def fake_router(cluster: Cluster) -> Iterator[_FakeRouter]:
+    with _FakeRouter([f"127.0.0.{20 + i}" for i in range(3)], cluster) as router:
         yield router
 
 
@@ -170,6 +202,7 @@ def test_an_unreadable_router_holds_the_rollout_and_restarts_nothing(
     cluster.wait(lambda: _rolled_out(cluster, "routed"), "the rollout to finish", 90)
     from test_inplace_rollout import _max_down_at_once
     assert _max_down_at_once(kubelet.timeline) == 1
+    assert sorted(set(fake_router.deletes)) == fake_router.ips  # each left the router first
 
 
 def test_a_pod_deleted_mid_rollout_comes_back_on_the_new_image(
