@@ -21,6 +21,7 @@ from hicache_umbp.contract.settings import (
     STORE_KEYS,
     ConfigError,
     Setting,
+    ssd_dirs_of,
 )
 from hicache_umbp.contract.values import parse_value
 from hypothesis import assume, example, given, settings
@@ -186,6 +187,9 @@ def embedded_configs(draw: st.DrawFn) -> tuple[int, dict[str, Any]]:
     values["umbp_local_ranks"] = ranks
     values["umbp_dram_bytes"] = draw(st.lists(st.integers(1, MAX_MEMORY_BYTES), min_size=ranks,
                                               max_size=ranks).map(tuple))
+    if len(ssd_dirs_of(values.get("umbp_ssd_dir") or "")) > 1:
+        # several drives are valid only with our SSD engine (mori's node takes one directory)
+        values["umbp_ssd_engine"] = "hicache"
     return ranks, values
 
 
